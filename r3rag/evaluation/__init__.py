@@ -1,0 +1,1 @@
+"""Evaluation: scoring prediction files, and (later) running methods over datasets."""
