@@ -10,18 +10,17 @@ from the first record unless ``--kind`` says otherwise. Exits 1 if any problem w
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from r3rag.cli import run_main  # noqa: E402
+from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 from r3rag.data.readers import detect_kind, iter_problems  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("files", nargs="+", help="JSONL files to check")
     parser.add_argument("--kind", choices=["auto", "questions", "corpus"], default="auto", help="record kind (default: detect)")
     args = parser.parse_args()

@@ -1,11 +1,28 @@
-"""Small helpers shared by the command-line scripts."""
+"""Small helpers shared by the command-line scripts.
+
+Every script builds its parser with :class:`ArgumentParser` and wraps ``main`` in
+:func:`run_main`, so that a bad flag and a user error both end in one ``error: ...`` line on
+stderr with exit status 2, never a stack trace.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Callable
+from typing import Callable, NoReturn
 
 from r3rag.errors import R3RagError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: PROG: MESSAGE (see PROG --help)``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def run_main(main: Callable[[], int | None]) -> None:

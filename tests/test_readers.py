@@ -111,6 +111,7 @@ def test_validate_cli(tmp_path, repo_root, fixtures_dir):
     r = subprocess.run([sys.executable, str(repo_root / "data" / "validate.py"), "--kind", "bogus", "x"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: validate.py: ")
 
 
 # ---- Hugging Face layouts, read from local files --------------------------------------------
