@@ -1,0 +1,46 @@
+"""Settings of the rollout engine (``rollout:`` section of a YAML config)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from r3rag.config import Section
+
+
+class RolloutConfig(Section):
+    format: str = Field("r3rag_steps", description="trajectory format name (r3rag_steps | r1searcher_tags | ...)")
+    mode: Literal["chat", "raw"] = "chat"
+    observation_role: str = Field("tool", description="chat role of the documents turn (rendered by the chat template)")
+    system_prompt_path: str | None = Field(None, description="replace the packaged instructions with this file")
+    raw_prompt_path: str | None = Field(None, description="replace the packaged raw-mode prompt with this file")
+
+    n_samples: int = Field(1, ge=1)
+    max_steps: int = Field(5, ge=1, description="model turns per trajectory")
+    docs_per_step: int = Field(5, ge=0, description="new documents inserted per query")
+    max_docs_per_trajectory: int | None = Field(None, ge=0)
+    dedupe_docs: bool = Field(True, description="skip passages already shown in this trajectory")
+    max_retrieval_k: int = Field(50, ge=1, description="cap on k asked from the retriever when de-duplicating")
+    doc_max_chars: int | None = Field(512, ge=1)
+    doc_max_tokens: int | None = Field(None, ge=1)
+
+    max_turn_tokens: int = Field(256, ge=1, description="tokens one model turn may generate")
+    max_new_tokens: int = Field(1024, ge=1, description="tokens a trajectory may generate in all")
+    max_total_tokens: int = Field(4096, ge=1, description="context length cap: prompt + model + documents")
+
+    temperature: float = Field(0.0, ge=0.0)
+    temperatures: list[float] | None = Field(None, description="per-sample temperatures (sample j uses item j, last repeats)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "RolloutConfig":
+        if self.temperatures is not None and not self.temperatures:
+            raise ValueError("temperatures: give at least one value or leave it unset")
+        return self
+
+    def temperature_for(self, sample_index: int) -> float:
+        if self.temperatures:
+            return self.temperatures[min(sample_index, len(self.temperatures) - 1)]
+        return self.temperature

@@ -1,0 +1,1 @@
+"""Builders shared by tests and benchmarks (tiny random models, small fixtures)."""

@@ -1,0 +1,134 @@
+"""The transformers backend: batching with left padding, stop strings, budgets, seeds, log-probs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_helpers import tiny_model, tiny_tokenizer
+
+from r3rag.rollout.backends.base import GenerationRequest, SamplingParams
+from r3rag.rollout.backends.hf import HFBackend, ModelLoadError, load_model
+from r3rag.rollout.backends.registry import get_backend
+from r3rag.rollout.tokens import encode
+from r3rag.testing.tiny_models import save_tiny_model
+
+torch.set_num_threads(1)
+PROMPTS = ["The question: who", "Step 1:\nThe problem analysis: we need the birthplace of Varnel", "<think>"]
+
+
+def req(text, **kw):
+    tok = tiny_tokenizer()
+    return GenerationRequest(encode(tok, text), text, SamplingParams(**kw))
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return HFBackend(tiny_model(), tiny_tokenizer(), max_batch_size=8)
+
+
+def test_batched_greedy_equals_one_at_a_time(backend):
+    batch = backend.generate_batch([req(p, max_tokens=12) for p in PROMPTS])
+    alone = [backend.generate_batch([req(p, max_tokens=12)])[0] for p in PROMPTS]
+    assert [o.token_ids for o in batch] == [o.token_ids for o in alone]
+    assert all(len(o.token_ids) == 12 and o.finish_reason == "length" for o in batch)
+
+
+def test_logprobs_match_a_full_forward_pass(backend):
+    out = backend.generate_batch([req(PROMPTS[1], max_tokens=8, temperature=1.0, seed=5)])[0]
+    prompt = encode(tiny_tokenizer(), PROMPTS[1])
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(backend.model(input_ids=ids).logits[0].float(), -1)
+    expected = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(out.token_ids)]
+    assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_stop_string_kept_and_output_is_a_prefix(backend):
+    free = backend.generate_batch([req(PROMPTS[0], max_tokens=20)])[0]
+    stop = free.text[6:9]
+    assert len(stop) == 3
+    out = backend.generate_batch([req(PROMPTS[0], max_tokens=20, stop=[stop])])[0]
+    assert out.finish_reason == "stop" and out.stop_string == stop
+    assert stop in out.text and free.token_ids[: len(out.token_ids)] == out.token_ids
+    assert len(out.token_ids) < 20
+    # the stop string occurs in the text first within the last sampled token
+    assert stop not in backend.tokenizer.decode(out.token_ids[:-1])
+
+
+def test_seeds_and_per_row_temperatures(backend):
+    a = backend.generate_batch([req(PROMPTS[0], max_tokens=10, temperature=1.0, seed=1)])[0]
+    b = backend.generate_batch([req(PROMPTS[0], max_tokens=10, temperature=1.0, seed=1)])[0]
+    c = backend.generate_batch([req(PROMPTS[0], max_tokens=10, temperature=1.0, seed=2)])[0]
+    assert a.token_ids == b.token_ids != c.token_ids
+    greedy = backend.generate_batch([req(PROMPTS[0], max_tokens=10)])[0]
+    mixed = backend.generate_batch(
+        [req(PROMPTS[0], max_tokens=10, temperature=1.0, seed=1), req(PROMPTS[0], max_tokens=10, temperature=0.0)]
+    )
+    assert mixed[0].token_ids == a.token_ids and mixed[1].token_ids == greedy.token_ids
+
+
+def test_per_row_budgets_and_eos(backend):
+    outs = backend.generate_batch([req(PROMPTS[0], max_tokens=3), req(PROMPTS[2], max_tokens=7)])
+    assert [len(o.token_ids) for o in outs] == [3, 7]
+    eos_backend = HFBackend(tiny_model(), tiny_tokenizer())
+    first = backend.generate_batch([req(PROMPTS[0], max_tokens=5)])[0].token_ids[0]
+    eos_backend.eos_ids = {first}
+    out = eos_backend.generate_batch([req(PROMPTS[0], max_tokens=5)])[0]
+    assert (out.token_ids, out.finish_reason) == ([first], "eos")
+
+
+def test_load_model_from_folder_and_bad_path(tmp_path):
+    path = save_tiny_model(tmp_path / "tiny")
+    be = get_backend("hf", model=str(path))
+    out = be.generate(["The question: who"], max_tokens=4, n=2, temperature=1.0, seed=0)
+    assert len(out) == 1 and len(out[0]) == 2 and all(len(o.token_ids) == 4 for o in out[0])
+    with pytest.raises(ModelLoadError, match="cannot load model"):
+        load_model(tmp_path / "missing")
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        load_model(tmp_path / "x.gguf")
+
+
+def test_forced_ids_are_emitted_and_scored(backend):
+    free = backend.generate_batch([req(PROMPTS[0], max_tokens=6, temperature=1.0, seed=9)])[0]
+    r = req(PROMPTS[0], max_tokens=20)
+    r.forced_ids = free.token_ids
+    forced = backend.generate_batch([r, req(PROMPTS[1], max_tokens=4)])
+    assert forced[0].token_ids == free.token_ids and forced[0].finish_reason == "stop"
+    assert forced[0].logprobs == pytest.approx(free.logprobs, abs=1e-5)
+    assert len(forced[1].token_ids) == 4
+
+
+def test_prefix_cache_reuses_turns_without_changing_results():
+    """Multi-turn forced rollouts (oracle text) score the same log-probs with and without the KV
+    prefix cache, and the cache is actually hit on later turns."""
+    from rollout_helpers import CORPUS, QUESTIONS
+
+    from r3rag.rollout.backends.forced import ForcedBackend
+    from r3rag.rollout.config import RolloutConfig
+    from r3rag.rollout.engine import RolloutEngine
+    from r3rag.rollout.formats import get_format
+    from r3rag.rollout.oracle import OracleBackend
+    from r3rag.testing.fake_retriever import OverlapRetriever
+
+    tok = tiny_tokenizer()
+    f = get_format("r3rag_steps", mode="chat", tokenizer=tok)
+    runs = {}
+    for on in (True, False):
+        hf = HFBackend(tiny_model(), tok, prefix_cache=on)
+        be = ForcedBackend(hf, OracleBackend(QUESTIONS, f, tok))
+        trajs = RolloutEngine(be, OverlapRetriever(CORPUS), RolloutConfig(docs_per_step=2), fmt=f).run(QUESTIONS)
+        runs[on] = (trajs, hf.cache_hits)
+    (with_cache, hits), (without, no_hits) = runs[True], runs[False]
+    assert hits == 4 and no_hits == 0  # q1: turns 2 and 3; q2, q3: turn 2
+    for a, b in zip(with_cache, without):
+        assert a.token_ids == b.token_ids
+        la = [x for s in a.segments if s.role == "model" for x in s.logprobs]
+        lb = [x for s in b.segments if s.role == "model" for x in s.logprobs]
+        assert la == pytest.approx(lb, abs=1e-4)
+
+
+def test_prefix_cache_memory_is_bounded():
+    hf = HFBackend(tiny_model(), tiny_tokenizer(), max_cached_bytes=50_000)
+    for i in range(6):
+        hf.generate_batch([req(PROMPTS[1] + " x" * i, max_tokens=4)])
+    assert 0 < hf._kv_bytes <= 50_000 and len(hf._kv) < 6
