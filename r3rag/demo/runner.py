@@ -37,7 +37,6 @@ from r3rag.demo.config import FORMAT_CHOICES, DemoConfig
 from r3rag.demo.policies import Policy
 from r3rag.errors import R3RagError
 from r3rag.metrics import qa_scores
-from r3rag.rollout.backends.base import GenerationOutput
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.formats.registry import get_format
 from r3rag.rollout.retriever import Retriever
@@ -80,25 +79,6 @@ class MessageEvent:
 
 
 DemoEvent = Union[StepEvent, FinalEvent, MessageEvent]
-
-
-class StepStreamingEngine(RolloutEngine):
-    """The rollout engine, reporting every step to ``on_step(trajectory, step)`` once it is complete."""
-
-    def __init__(self, *args: Any, on_step: Callable[[Trajectory, Step], None], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._on_step = on_step
-
-    def _take_turn(self, s: Any, out: GenerationOutput) -> bool:
-        retrieve = super()._take_turn(s, out)
-        if not retrieve:  # the turn ended the trajectory: answer, format error, last step, budget
-            self._on_step(s.traj, s.traj.steps[-1])
-        return retrieve
-
-    async def _retrieve(self, states: list[Any]) -> None:
-        await super()._retrieve(states)
-        for s in states:  # documents inserted (or retrieval failed): the query step is complete
-            self._on_step(s.traj, s.traj.steps[-1])
 
 
 def _normalise_question(text: str) -> str:
@@ -199,7 +179,7 @@ class DemoRunner:
             system_prompt_path=self.system_prompt_path(c.format), raw_prompt_path=c.raw_prompt_path,
         )
         backend = self.policy.backend_for(fmt)
-        return StepStreamingEngine(backend, self.retriever, rollout, fmt, on_step=on_step)
+        return RolloutEngine(backend, self.retriever, rollout, fmt, on_step=on_step)
 
     async def stream(self, text: str | None, settings: RunSettings) -> AsyncIterator[DemoEvent]:
         """Yield the events of one question: steps as they complete, then the final one."""

@@ -80,8 +80,13 @@ class RolloutEngine:
         retriever: Retriever,
         config: RolloutConfig | None = None,
         fmt: TrajectoryFormat | None = None,
+        on_step: Callable[[Trajectory, Step], None] | None = None,
     ) -> None:
+        """``on_step(trajectory, step)`` is called once each step is complete: a query step after its
+        documents were inserted (or retrieval failed), any other step right after the model's turn.
+        The demo streams cards from it."""
         self.backend = backend
+        self.on_step = on_step
         self.retriever = retriever
         self.config = config or RolloutConfig()
         self.tokenizer = backend.tokenizer
@@ -113,9 +118,14 @@ class RolloutEngine:
             for s, out in zip(active, outs):
                 if self._take_turn(s, out):
                     to_retrieve.append(s)
+                elif self.on_step is not None and s.traj.steps:
+                    self.on_step(s.traj, s.traj.steps[-1])
             t3 = time.perf_counter()
             if to_retrieve:
                 await self._retrieve(to_retrieve)
+                if self.on_step is not None:
+                    for s in to_retrieve:
+                        self.on_step(s.traj, s.traj.steps[-1])
             t4 = time.perf_counter()
             self.stats.retrieve_s += t4 - t3
             still: list[_State] = []
