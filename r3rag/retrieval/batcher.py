@@ -1,0 +1,109 @@
+"""Cross-request micro-batching: requests that arrive together are searched together.
+
+Encoding one query through a transformer costs nearly as much as encoding sixteen, so a
+server that searches each request on its own loses most of its throughput to concurrency.
+:class:`MicroBatcher` puts every request on a queue; one worker task takes the first waiting
+request, keeps collecting for at most ``window_s`` or until ``max_batch`` queries are in hand,
+then runs a single ``searcher.search`` over all of them (with the largest ``k`` asked, each
+request's results cut back to its own ``k``) on a worker thread, so the event loop stays free
+for ``/health`` and new requests. While a batch runs, the next one fills up. With
+``enabled=False`` every request is searched alone on the same worker thread, the baseline the
+benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from r3rag.data.records import Passage
+from r3rag.retrieval.searcher import Searcher
+
+
+@dataclass
+class _Job:
+    queries: list[str]
+    k: int
+    future: asyncio.Future = field(repr=False)
+
+
+class MicroBatcher:
+    def __init__(self, searcher: Searcher, window_s: float = 0.002, max_batch: int = 128,
+                 enabled: bool = True, executor: ThreadPoolExecutor | None = None) -> None:
+        self.searcher = searcher
+        self.window_s = window_s
+        self.max_batch = max(1, max_batch)
+        self.enabled = enabled
+        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"search-{searcher.name}")
+        self._own_executor = executor is None
+        self._queue: asyncio.Queue[_Job] | None = None
+        self._worker: asyncio.Task | None = None
+        self.batches = 0
+        self.batched_queries = 0
+
+    async def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        loop = asyncio.get_running_loop()
+        if not self.enabled:
+            self.batches += 1
+            self.batched_queries += len(queries)
+            return await loop.run_in_executor(self.executor, self.searcher.search, queries, k)
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._run())
+        job = _Job(queries, k, loop.create_future())
+        self._queue.put_nowait(job)
+        return await job.future
+
+    async def _collect(self) -> list[_Job]:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        jobs = [await self._queue.get()]
+        n = len(jobs[0].queries)
+        deadline = loop.time() + self.window_s
+        while n < self.max_batch:
+            if not self._queue.empty():
+                job = self._queue.get_nowait()
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self._queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            jobs.append(job)
+            n += len(job.queries)
+        return jobs
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = await self._collect()
+            queries = [q for j in jobs for q in j.queries]
+            k = max(j.k for j in jobs)
+            self.batches += 1
+            self.batched_queries += len(queries)
+            try:
+                results = await loop.run_in_executor(self.executor, self.searcher.search, queries, k)
+            except Exception as err:  # noqa: BLE001 - handed to every waiting request
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(err)
+                continue
+            pos = 0
+            for j in jobs:
+                part = results[pos : pos + len(j.queries)]
+                pos += len(j.queries)
+                if not j.future.done():
+                    j.future.set_result([r[: j.k] for r in part])
+
+    async def aclose(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        if self._own_executor:
+            self.executor.shutdown(wait=False)

@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""Serve one or more retrieval indexes over HTTP (FastAPI + uvicorn).
+
+Endpoints: POST /retrieve (Search-R1, verl), POST /search (R3-RAG), POST /queries (R1-Searcher),
+GET /health, GET /stats. Binds 127.0.0.1 unless --host says otherwise.
+
+Examples:
+  python tool/retrieval_server.py --index indexes/bm25
+  python tool/retrieval_server.py --index bm25=indexes/bm25 --index dense=indexes/minilm --hybrid --port 8001
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from r3rag.cli import run_main
+from r3rag.config import add_config_args, load_config
+from r3rag.retrieval.config import ServiceConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--index", action="append", required=True, metavar="[NAME=]DIR",
+                   help="index directory from tool/build_index.py (repeatable)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1; use 0.0.0.0 to expose deliberately)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--hybrid", action="store_true", help="also serve 'hybrid': reciprocal rank fusion of all indexes")
+    p.add_argument("--reranker", help="cross-encoder folder to rerank every index's candidates")
+    p.add_argument("--no-microbatch", action="store_true", help="search each request alone (for comparison)")
+    p.add_argument("--cache-size", type=int, help="LRU cache entries (0 disables)")
+    p.add_argument("--torch-threads", type=int, help="torch intra-op threads for query encoding")
+    add_config_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = list(args.overrides)
+    for key, value in (("host", args.host), ("port", args.port), ("reranker", args.reranker),
+                       ("cache_size", args.cache_size), ("torch_threads", args.torch_threads)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.hybrid:
+        overrides.append("hybrid=true")
+    if args.no_microbatch:
+        overrides.append("microbatch=false")
+    cfg = load_config(ServiceConfig, args.config, overrides)
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+    import uvicorn
+
+    from r3rag.retrieval.service import create_app, load_searchers
+
+    app = create_app(load_searchers(args.index, cfg), cfg)
+    print(f"serving {', '.join(app.state.runtime.searchers)} on http://{cfg.host}:{cfg.port}", flush=True)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False, backlog=2048)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
