@@ -1,0 +1,105 @@
+"""Build what a method runs on: the policy backend and the retriever, from the config.
+
+Retrievers, first match wins:
+
+1. ``retriever.urls``: the HTTP retrieval service, through :class:`RetrievalClient`;
+2. ``retriever.index_dir``: an index searched in-process (no server);
+3. the embedded world with neither: a BM25 index of the world corpus, built once into
+   ``<world_dir>/index_bm25`` and searched in-process, so ``--dataset world`` works alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from r3rag.errors import ConfigError
+from r3rag.evaluation.config import ModelConfig, RetrieverConfig
+from r3rag.evaluation.datasets import ResolvedDataset
+from r3rag.rollout.backends.base import PolicyBackend
+from r3rag.rollout.retriever import Retriever
+
+WORLD_INDEX = "index_bm25"
+
+
+def is_url(text: str) -> bool:
+    return text.startswith(("http://", "https://"))
+
+
+_LOADED: dict[str, PolicyBackend] = {}
+
+
+def load_backend(cfg: ModelConfig) -> PolicyBackend:
+    """The policy: an HF model (folder, .gguf, 'smollm2'), a vLLM engine, or an OpenAI-compatible URL.
+
+    An HF model is kept for the life of the process, keyed by its settings, so several runs in one
+    process (the quickstart's methods) load it once. (HTTP backends hold an event-loop-bound client
+    and are built afresh.)"""
+    if cfg.backend != "hf" or is_url(cfg.path):
+        return _load_backend(cfg)
+    key = cfg.model_dump_json()
+    if key not in _LOADED:
+        _LOADED[key] = _load_backend(cfg)
+    return _LOADED[key]
+
+
+def _load_backend(cfg: ModelConfig) -> PolicyBackend:
+    from r3rag.rollout.backends.registry import get_backend
+
+    if cfg.backend == "openai" or is_url(cfg.path):
+        base_url = cfg.base_url or (cfg.path if is_url(cfg.path) else None)
+        if base_url is None:
+            raise ConfigError("model.backend openai needs model.base_url (or a URL as --model)")
+        tok_src = cfg.tokenizer or (None if is_url(cfg.path) else cfg.path)
+        if tok_src is None:
+            raise ConfigError("an OpenAI-compatible model needs model.tokenizer (a local tokenizer folder or .gguf)")
+        return get_backend("openai", base_url=base_url, model=cfg.api_model, tokenizer=load_tokenizer(tok_src))
+    if cfg.backend == "hf":
+        return get_backend("hf", model=cfg.path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size)
+    return get_backend(cfg.backend, model=cfg.path)
+
+
+def load_tokenizer(src: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from r3rag.rollout.backends.hf import resolve_model_path
+
+    src = resolve_model_path(src)
+    if src.endswith(".gguf"):
+        p = Path(src)
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    return AutoTokenizer.from_pretrained(src)
+
+
+def world_index(world_dir: str | Path, show_progress: bool = False) -> Path:
+    """A BM25 index of the world corpus in ``world_dir/index_bm25`` (built on first use)."""
+    from r3rag.retrieval.manifest import MANIFEST_NAME
+
+    out = Path(world_dir) / WORLD_INDEX
+    if not (out / MANIFEST_NAME).is_file():
+        from r3rag.retrieval.bm25_index import build_bm25
+
+        build_bm25(Path(world_dir) / "corpus.jsonl", out, name="world", show_progress=show_progress)
+    return out
+
+
+def load_retriever(cfg: RetrieverConfig, dataset: ResolvedDataset) -> Retriever:
+    if cfg.urls:
+        from r3rag.retrieval.client import RetrievalClient
+
+        return RetrievalClient(cfg.urls, timeout=cfg.timeout_s, retries=cfg.retries)
+    index_dir = cfg.index_dir
+    if index_dir is None and dataset.world_dir is not None:
+        index_dir = str(world_index(dataset.world_dir))
+    if index_dir is None:
+        raise ConfigError(
+            f"dataset {dataset.name!r} needs a retriever: pass --retriever-url URL (tool/retrieval_server.py) "
+            "or --set retriever.index_dir=DIR"
+        )
+    from r3rag.retrieval.manifest import read_manifest
+    from r3rag.retrieval.searcher import load_searcher
+    from r3rag.rollout.retriever import SearcherRetriever
+
+    # numba's first BM25 search compiles for ~20 s; numpy is instant and fast enough in-process
+    opts = {"backend": cfg.bm25_backend} if read_manifest(Path(index_dir)).method == "bm25" else {}
+    return SearcherRetriever(load_searcher(index_dir, **opts))

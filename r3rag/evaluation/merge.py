@@ -1,0 +1,65 @@
+"""Join the shards of a run: ``evaluate.py merge SHARD_DIR... --out DIR``.
+
+Each shard folder holds ``run.json`` (its dataset, method, model, normaliser, dataset size and
+shard) and ``predictions.jsonl``. The shards must agree on everything but the shard, cover every
+question position ``0..n_total-1`` exactly once, and then give the same ``results.json`` as one
+unsharded run (the metrics are computed from the rows in dataset order).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from r3rag.errors import DataError
+from r3rag.evaluation.predictions import PREDICTIONS, load_rows, write_rows
+from r3rag.evaluation.report import write_report
+from r3rag.evaluation.runner import RESULTS, RUN_INFO, build_results, write_json
+
+SAME = ("dataset", "method", "model", "normalization", "n_total")  # not "source": paths differ across machines
+
+
+def _info(shard_dir: Path) -> dict[str, Any]:
+    info = shard_dir / RUN_INFO
+    if not info.is_file():
+        raise DataError(f"{info}: missing (not an evaluation run folder?)")
+    return json.loads(info.read_text(encoding="utf-8"))
+
+
+def merge_runs(shard_dirs: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
+    """Merge shard folders into ``out`` (bootstrap settings from the first shard's run)."""
+    dirs = [Path(d) for d in shard_dirs]
+    if not dirs:
+        raise DataError("merge: give at least one shard folder")
+    infos = [_info(d) for d in dirs]
+    ids = [i["identity"] for i in infos]
+    bootstrap, seed = infos[0].get("bootstrap", 1000), infos[0].get("seed", 0)
+    for d, ident in zip(dirs[1:], ids[1:]):
+        for k in SAME:
+            if ident[k] != ids[0][k]:
+                raise DataError(f"{d}: {k}={ident[k]!r} differs from {dirs[0]}'s {ids[0][k]!r}")
+    rows: list[dict[str, Any]] = []
+    where: dict[str, Path] = {}
+    for d in dirs:
+        for r in load_rows(d / PREDICTIONS, repair=False):
+            if r["id"] in where:
+                raise DataError(f"{d / PREDICTIONS}: id {r['id']!r} is also in {where[r['id']] / PREDICTIONS}")
+            where[r["id"]] = d
+            rows.append(r)
+    n_total = ids[0]["n_total"]
+    missing = sorted(set(range(n_total)) - {int(r["index"]) for r in rows})
+    if missing:
+        raise DataError(f"merge: {len(missing)} of {n_total} questions have no prediction (first position {missing[0]}); "
+                        "finish or add the missing shards")
+    rows.sort(key=lambda r: r["index"])
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(out / PREDICTIONS, rows)
+    identity = {**ids[0], "shard": None}
+    results = build_results(identity, rows, bootstrap, seed)
+    write_json(out / RESULTS, results)
+    write_json(out / RUN_INFO, {"identity": identity, "bootstrap": bootstrap, "seed": seed,
+                                "merged_from": [str(d) for d in dirs]})
+    write_report(out, results)
+    return results

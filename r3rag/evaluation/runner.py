@@ -1,0 +1,168 @@
+"""Run one method over one dataset (or one shard of it), resumably, and write its report.
+
+The order of work is chosen so that mistakes cost nothing:
+
+1. the method name, normaliser and shard are checked, and the dataset is read and validated
+   (a bad line fails here, naming file and line, before any model is loaded);
+2. ``--out`` is checked: a folder holding a run of another dataset, method or model is refused;
+   its ``predictions.jsonl`` is read, a partial last line (a killed write) is cut off, and the ids
+   already there are skipped;
+3. only when questions are left is the method built (model and retriever loaded); questions go
+   to it ``run.batch_size`` at a time and every finished row is appended and fsync'ed;
+4. the metrics are computed from the whole predictions file in dataset order, so a resumed run
+   ends with the same ``results.json`` as an uninterrupted one.
+
+``results.json`` holds only what the predictions determine (no timings, no shard); timings and
+the run's identity go to ``run.json``, the full config to ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from r3rag.config import dump_config
+from r3rag.data.records import Question
+from r3rag.errors import ConfigError
+from r3rag.evaluation.aggregate import aggregate
+from r3rag.evaluation.config import EvaluationConfig, parse_shard
+from r3rag.evaluation.datasets import resolve_dataset, select_shard
+from r3rag.evaluation.methods import Method, build_method, check_method
+from r3rag.evaluation.predictions import PREDICTIONS, RowWriter, load_rows, prediction_row
+from r3rag.metrics import get_normalizer
+
+RESULTS = "results.json"
+RUN_INFO = "run.json"
+IDENTITY_KEYS = ("dataset", "method", "model", "normalization", "n_total", "shard")
+
+
+@dataclass
+class RunOutcome:
+    out_dir: Path
+    results: dict[str, Any]
+    new: int  # questions answered by this invocation
+    skipped: int  # questions found already done
+
+
+def model_label(cfg: EvaluationConfig) -> str:
+    if cfg.method.name == "oracle":
+        return "oracle"
+    return cfg.model.api_model if cfg.model.backend == "openai" else cfg.model.path
+
+
+def build_results(identity: dict[str, Any], rows: list[dict[str, Any]], bootstrap: int, seed: int) -> dict[str, Any]:
+    head = {k: identity[k] for k in ("dataset", "method", "model", "normalization")}
+    return {**head, **aggregate(rows, bootstrap=bootstrap, seed=seed)}
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _check_identity(out: Path, identity: dict[str, Any]) -> None:
+    info = out / RUN_INFO
+    if not info.is_file():
+        return
+    old = json.loads(info.read_text(encoding="utf-8")).get("identity", {})
+    diff = [k for k in IDENTITY_KEYS if k in old and old[k] != identity[k]]
+    if diff:
+        k = diff[0]
+        raise ConfigError(f"{out} holds a run with {k}={old[k]!r}, not {identity[k]!r}; use another --out")
+
+
+def run_evaluation(cfg: EvaluationConfig, out_dir: str | Path) -> RunOutcome:
+    check_method(cfg.method.name)
+    try:
+        get_normalizer(cfg.run.normalization)
+    except ValueError as err:
+        raise ConfigError(f"run.normalization: {err}") from None
+    shard = parse_shard(cfg.run.shard) if cfg.run.shard else None
+    dataset = resolve_dataset(cfg.dataset)  # validates every line before anything heavy happens
+    mine = select_shard(dataset.questions, shard)
+    out = Path(out_dir)
+    identity = {
+        "dataset": dataset.name, "source": dataset.source, "method": cfg.method.name, "model": model_label(cfg),
+        "normalization": cfg.run.normalization, "n_total": len(dataset.questions), "shard": cfg.run.shard,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    _check_identity(out, identity)
+    (out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+    pred_path = out / PREDICTIONS
+    rows = load_rows(pred_path)
+    wanted = {q.id for _, q in mine}
+    stray = [r["id"] for r in rows if r["id"] not in wanted]
+    if stray:
+        raise ConfigError(f"{pred_path}: id {stray[0]!r} is not in this dataset/shard; use another --out")
+    done = {r["id"] for r in rows}
+    todo = [(p, q) for p, q in mine if q.id not in done]
+    started = time.perf_counter()
+    if todo:
+        method = build_method(cfg, dataset)
+        asyncio.run(_run(method, todo, cfg, pred_path, rows, total=len(mine)))
+    elapsed = time.perf_counter() - started
+    rows = load_rows(pred_path)
+    results = build_results(identity, rows, cfg.run.bootstrap, cfg.run.seed)
+    write_json(out / RESULTS, results)
+    write_json(out / RUN_INFO, {
+        "identity": identity, "questions_in_shard": len(mine), "new": len(todo), "skipped": len(mine) - len(todo),
+        "bootstrap": cfg.run.bootstrap, "seed": cfg.run.seed, "elapsed_s": round(elapsed, 3), "questions_per_s": round(len(todo) / elapsed, 4) if todo and elapsed > 0 else None,
+    })
+    from r3rag.evaluation.report import write_report
+
+    write_report(out, results)
+    return RunOutcome(out, results, new=len(todo), skipped=len(mine) - len(todo))
+
+
+async def _run(
+    method: Method,
+    todo: list[tuple[int, Question]],
+    cfg: EvaluationConfig,
+    pred_path: Path,
+    previous: list[dict[str, Any]],
+    total: int,
+) -> None:
+    from tqdm import tqdm
+
+    judge = None
+    if cfg.run.judge:
+        from r3rag.rewards.judge.client import JudgeClient
+
+        judge = JudgeClient(cfg.judge)
+    correct = sum(float(r["scores"]["cover_em"]) for r in previous)
+    count = len(previous)
+    size = cfg.run.batch_size
+    bar = tqdm(total=total, initial=count, desc=f"{method.name}", unit="q", disable=not cfg.run.progress)
+    try:
+        with RowWriter(pred_path) as writer:
+            for start in range(0, len(todo), size):
+                chunk = todo[start:start + size]
+                trajs = await method.arun([q for _, q in chunk])
+                rows = [prediction_row(p, q, t, cfg.run.normalization) for (p, q), t in zip(chunk, trajs)]
+                if judge is not None:
+                    await _judge(judge, rows)
+                for row in rows:
+                    writer.write(row)
+                    correct += float(row["scores"]["cover_em"])
+                    count += 1
+                bar.update(len(rows))
+                bar.set_postfix(cover_em=f"{100 * correct / max(count, 1):.1f}")
+    finally:
+        bar.close()
+        await method.aclose()
+
+
+async def _judge(judge: Any, rows: list[dict[str, Any]]) -> None:
+    """Set ``row["judge"]`` (1.0/0.0; ``None`` when the judge failed); no answer is 0 without a call."""
+    asked = [r for r in rows if r["prediction"]]
+    reqs = [judge.correctness_request(r["question"], r["prediction"], r["golden_answers"]) for r in asked]
+    results = await judge.ajudge(reqs) if reqs else []
+    for r in rows:
+        r["judge"] = 0.0
+    for r, res in zip(asked, results):
+        r["judge"] = res.value
