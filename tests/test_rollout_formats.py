@@ -182,3 +182,14 @@ def test_third_format_runs_end_to_end_with_no_other_change():
     assert [t.answer for t in trajs] == ["Dromel", "Tirra Olle"]
     assert trajs[0].steps[0].query == "Where was Varnel Oskaro born?"
     assert "<information>" in trajs[0].text
+
+
+@pytest.mark.parametrize("name", ["r3rag_steps", "r1searcher_tags"])
+def test_prompt_variant_fewshot_adds_a_worked_example(name):
+    tok = tiny_tokenizer()
+    standard = get_format(name, mode="chat", tokenizer=tok)
+    fewshot = get_format(name, mode="chat", tokenizer=tok, prompt_variant="fewshot")
+    assert "Example." in fewshot.system_prompt and "Example." not in standard.system_prompt
+    assert fewshot.stop == standard.stop  # only the instructions differ
+    with pytest.raises(ValueError, match="prompt_variant"):
+        get_format(name, mode="chat", tokenizer=tok, prompt_variant="chatty")

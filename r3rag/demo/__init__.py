@@ -5,5 +5,4 @@
 - :mod:`r3rag.demo.runner`    ``DemoRunner``: the rollout engine + retrieval client, as events
 - :mod:`r3rag.demo.cards`     HTML for step cards, the final card, the raw view, messages
 - :mod:`r3rag.demo.app`       ``DemoApp`` and the Gradio page (``python -m r3rag.demo.app``)
-- ``prompts/``                 the formats' instructions plus a worked example, for untrained models
 """

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from r3rag.cli import run_main
+from r3rag.cli import ArgumentParser, run_main
 from r3rag.config import add_config_args, load_config
 from r3rag.data.records import Question
 from r3rag.demo import cards
@@ -219,7 +219,7 @@ FLAG_KEYS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="startup/startup_visualize.sh",
         description="Serve the r3rag demo page (Gradio). Start the services first with: bash startup/server.sh",
     )

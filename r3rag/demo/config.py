@@ -79,7 +79,7 @@ class DemoConfig(Section):
         "auto",
         description=(
             "instructions the policy sees: 'standard' = the format's own (what r3rag trains with: use it for "
-            "trained checkpoints); 'fewshot' = the same plus a worked example (r3rag/demo/prompts/), which an "
+            "trained checkpoints); 'fewshot' = the same plus a worked example (r3rag/templates/rollout/*_fewshot.txt), which an "
             "untrained small model needs to follow the format; 'auto' = fewshot for the untrained default "
             "(hf + smollm2), standard otherwise. rollout.system_prompt_path, when set, wins over both."
         ),

@@ -159,7 +159,7 @@ class DemoRunner:
             choice = "fewshot" if p.backend == "hf" and p.model == "smollm2" else "standard"
         if choice == "standard":
             return None
-        path = resources.files("r3rag.demo").joinpath("prompts").joinpath(f"{format_name}_fewshot.txt")
+        path = resources.files("r3rag.templates").joinpath("rollout").joinpath(f"{format_name}_fewshot.txt")
         return str(path) if path.is_file() else None
 
     def make_engine(self, settings: RunSettings, on_step: Callable[[Trajectory, Step], None]) -> RolloutEngine:

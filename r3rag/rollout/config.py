@@ -15,6 +15,9 @@ class RolloutConfig(Section):
     observation_role: str = Field("tool", description="chat role of the documents turn (rendered by the chat template)")
     system_prompt_path: str | None = Field(None, description="replace the packaged instructions with this file")
     raw_prompt_path: str | None = Field(None, description="replace the packaged raw-mode prompt with this file")
+    prompt_variant: Literal["standard", "fewshot"] = Field(
+        "standard", description="packaged instructions: standard (trained models) or fewshot (adds a worked example)"
+    )
 
     n_samples: int = Field(1, ge=1)
     max_steps: int = Field(5, ge=1, description="model turns per trajectory")

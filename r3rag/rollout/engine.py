@@ -98,6 +98,7 @@ class RolloutEngine:
             observation_role=c.observation_role,
             system_prompt_path=c.system_prompt_path,
             raw_prompt_path=c.raw_prompt_path,
+            prompt_variant=c.prompt_variant,
         )
         self.stats = EngineStats()
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from r3rag.cli import ArgumentParser
 from r3rag.config import Section, add_config_args, load_config
 from r3rag.rollout.config import RolloutConfig
 
@@ -68,7 +69,7 @@ async def run_formats(questions: list[Any], retriever: Any, cfg: RolloutConfig, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="runs/oracle", help="folder for the world and its index (default: %(default)s)")
     ap.add_argument("--size", default="small", help="world size (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)

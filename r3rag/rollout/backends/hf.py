@@ -4,7 +4,12 @@ The decoding loop is our own (not ``model.generate``) because a rollout batch mi
 different temperatures, seeds, stop strings and budgets, and must return the exact sampled ids
 with their log-probs:
 
-1. left-pad the contexts, build position ids from the attention mask, run one prefill;
+1. prefill: left-pad the contexts, build position ids from the attention mask and run the
+   prompts through the model, rows grouped by similar length so padding does not multiply the
+   work (one group when the lengths are close; the groups' keys/values are then gathered into
+   one left-padded cache), only the last position's logits computed; the cache then gets room
+   reserved for the whole turn, so each decoded token is written in place instead of
+   ``torch.cat``-copying every row's keys/values;
 2. each step, for every unfinished row: greedy (temperature 0) or sample from
    ``softmax(logits / T)`` (optional top-p) with the row's own ``torch.Generator`` (seeded), record
    the token and its log-prob under the model's *unscaled* distribution;
@@ -149,6 +154,9 @@ class HFBackend(PolicyBackend):
         # transformers 5.x calls the KV cache ``cache``; older releases ``past_key_values``
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # prefill only needs the last position's logits: skip the LM head on the others
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._prefill_width = _dense_cost_in_positions(model)
 
     @classmethod
     def from_pretrained(cls, path_or_gguf: str | Path, dtype: str = "float32", device: str = "cpu", **kw: Any) -> "HFBackend":
@@ -178,16 +186,6 @@ class HFBackend(PolicyBackend):
         reused = [self._lookup(r.prompt_ids) if self.prefix_cache else None for r in reqs]
         n_old = [len(kv[0][0][0]) if kv else 0 for kv in reused]  # cached tokens per row
         n_new = [len(r.prompt_ids) - n for r, n in zip(reqs, n_old)]
-        old_max, new_max = max(n_old), max(n_new)
-        ids = torch.full((B, new_max), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, old_max + new_max), dtype=torch.long)
-        for b, r in enumerate(reqs):
-            if n_new[b]:
-                ids[b, new_max - n_new[b]:] = torch.tensor(r.prompt_ids[n_old[b]:], dtype=torch.long)
-                mask[b, old_max + new_max - n_new[b]:] = 1
-            mask[b, old_max - n_old[b]:old_max] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        past = self._batch_cache(reused, n_old, old_max, device) if old_max else None
         gens = []
         for r in reqs:
             g = torch.Generator(device="cpu")
@@ -203,13 +201,9 @@ class HFBackend(PolicyBackend):
                 finish[b] = "length" if r.params.max_tokens <= 0 else "stop"
         max_stop = max((len(s) for r in reqs for s in r.params.stop), default=0)
         tail_tokens = max_stop + self.stop_check_tokens
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, old_max:]
         with torch.inference_mode():
-            extra = {self._cache_kw: past} if past is not None else {}
-            outputs = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
-            past = _cache_of(outputs)
-            logits = outputs.logits[:, -1, :].float()
-            last_pos = pos[:, -1]
+            past, mask, logits, last_pos = self._prefill(reqs, reused, n_old, n_new, device)
+            _preallocate(past, max_new)
             rows = list(range(B))  # batch row j holds request rows[j]; finished rows are dropped
             for _ in range(max_new):
                 if all(f is not None for f in finish):
@@ -284,6 +278,61 @@ class HFBackend(PolicyBackend):
         ]
 
 
+    # ---- prefill: rows grouped by length, so padding does not multiply the work -------------------
+    def _prefill(self, reqs: list[GenerationRequest], reused: list[Any], n_old: list[int], n_new: list[int], device: Any) -> tuple[Any, Any, Any, Any]:
+        """Run the prompts (their uncached tail) through the model; return the batch KV cache, its
+        attention mask, the last-position logits ``(B, V)`` and the last position ids ``(B,)``.
+
+        A left-padded batch costs ``rows x longest new part x longest context`` in attention, so one
+        batch of contexts with very different lengths (each turn's documents on top of cached
+        prefixes of different lengths) does far more work than the rows need. Rows are therefore
+        prefilled in groups of similar shape (:func:`_length_groups`); when there is more than one
+        group, each row's keys/values (its unpadded positions) are then gathered into one
+        left-padded cache for the batched decode. Positions never depend on padding, so the result
+        is the same as one padded batch."""
+        import torch
+
+        groups = _length_groups(n_old, n_new, width=self._prefill_width) if min(n_new) > 0 else [list(range(len(reqs)))]
+        if len(groups) == 1:
+            return self._prefill_rows(reqs, reused, n_old, n_new, device)
+        kvs: list[Any] = [None] * len(reqs)
+        logits = [None] * len(reqs)
+        for g in groups:
+            past, mask, lg, _ = self._prefill_rows(
+                [reqs[b] for b in g], [reused[b] for b in g], [n_old[b] for b in g], [n_new[b] for b in g], device
+            )
+            for j, b in enumerate(g):
+                valid = mask[j].bool()
+                kvs[b] = [(layer.keys[j][:, valid], layer.values[j][:, valid]) for layer in past.layers]
+                logits[b] = lg[j]
+        total = [o + n for o, n in zip(n_old, n_new)]
+        width = max(total)
+        mask = torch.zeros((len(reqs), width), dtype=torch.long, device=device)
+        for b, n in enumerate(total):
+            mask[b, width - n:] = 1
+        last_pos = torch.tensor([n - 1 for n in total], dtype=torch.long, device=device)
+        return self._batch_cache(kvs, total, width, device), mask, torch.stack(logits), last_pos
+
+    def _prefill_rows(self, reqs: list[GenerationRequest], reused: list[Any], n_old: list[int], n_new: list[int], device: Any) -> tuple[Any, Any, Any, Any]:
+        """One left-padded forward pass over the uncached tails, cached prefixes left-padded too."""
+        import torch
+
+        B = len(reqs)
+        old_max, new_max = max(n_old), max(n_new)
+        ids = torch.full((B, new_max), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, old_max + new_max), dtype=torch.long)
+        for b, r in enumerate(reqs):
+            if n_new[b]:
+                ids[b, new_max - n_new[b]:] = torch.tensor(r.prompt_ids[n_old[b]:], dtype=torch.long)
+                mask[b, old_max + new_max - n_new[b]:] = 1
+            mask[b, old_max - n_old[b]:old_max] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        past = self._batch_cache(reused, n_old, old_max, device) if old_max else None
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, old_max:]
+        extra = {self._cache_kw: past} if past is not None else {}
+        outputs = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra, **self._last_logits)
+        return _cache_of(outputs), mask, outputs.logits[:, -1, :].float(), pos[:, -1]
+
     # ---- prefix KV cache: a trajectory's next turn reuses the keys/values of its last turn ----------
     def _lookup(self, ids: list[int]) -> list[tuple[Any, Any]] | None:
         """The cached KV of the longest stored proper prefix of ``ids`` (removed from the store)."""
@@ -333,6 +382,109 @@ class HFBackend(PolicyBackend):
     def clear_cache(self) -> None:
         self._kv.clear()
         self._kv_bytes = 0
+
+
+def _preallocate(cache: Any, extra: int) -> None:
+    """Give each plain ``DynamicLayer`` of ``cache`` room for ``extra`` more positions (in place).
+
+    A ``DynamicLayer`` appends each decoded token with ``torch.cat``, copying the whole batch's
+    keys and values every step: in a long batched decode that copy costs as much as attention.
+    The layers are switched to :class:`_ReservedLayer`, which writes into a buffer reserved up
+    front and hands out views of its filled part."""
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4:
+            layer.__class__ = _reserved_layer_class()
+            layer.adopt(extra)
+
+
+_RESERVED_LAYER: Any = None
+
+
+def _reserved_layer_class() -> Any:
+    """:class:`DynamicLayer` that grows into a reserved buffer instead of concatenating (lazy,
+    so that importing this module does not import transformers)."""
+    global _RESERVED_LAYER
+    if _RESERVED_LAYER is not None:
+        return _RESERVED_LAYER
+    from transformers.cache_utils import DynamicLayer
+
+    class _ReservedLayer(DynamicLayer):
+        def adopt(self, extra: int) -> None:
+            """Copy the current keys/values into buffers with ``extra`` free positions."""
+            k, v = self.keys, self.values
+            n = k.shape[-2]
+            self._kbuf = k.new_empty((*k.shape[:-2], n + extra, k.shape[-1]))
+            self._vbuf = v.new_empty((*v.shape[:-2], n + extra, v.shape[-1]))
+            self._kbuf[..., :n, :] = k
+            self._vbuf[..., :n, :] = v
+            self._set_len(n)
+
+        def _set_len(self, n: int) -> None:
+            self._n = n
+            self.keys = self._kbuf[..., :n, :]
+            self.values = self._vbuf[..., :n, :]
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            n, q = self._n, key_states.shape[-2]
+            if self.keys.shape[-2] != n or self.keys.data_ptr() != self._kbuf.data_ptr():
+                self.adopt(max(q, 16))  # keys were replaced from outside (crop, reorder...): re-adopt
+                n = self._n
+            if n + q > self._kbuf.shape[-2]:
+                self.adopt(max(q, n))  # out of room: double
+            self._kbuf[..., n:n + q, :] = key_states
+            self._vbuf[..., n:n + q, :] = value_states
+            self._set_len(n + q)
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices: Any) -> None:
+            self._kbuf = self._kbuf[indices, ...]
+            self._vbuf = self._vbuf[indices, ...]
+            self._set_len(self._n)
+
+    _RESERVED_LAYER = _ReservedLayer
+    return _RESERVED_LAYER
+
+
+def _dense_cost_in_positions(model: Any, default: int = 256) -> int:
+    """A token's dense-layer work in units of one attended context position (for
+    :func:`_length_groups`): non-embedding parameters / (2 x layers x heads x head_dim)."""
+    cfg = getattr(model, "config", None)
+    try:
+        layers, heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        params = sum(p.numel() for p in model.parameters())
+        emb = model.get_input_embeddings().weight.numel()
+        return max(1, (params - emb) // (2 * layers * heads * head_dim))
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return default
+
+
+def _length_groups(n_old: list[int], n_new: list[int], slack: float = 1.25, width: int = 256) -> list[list[int]]:
+    """Partition rows into prefill groups whose padded cost stays within ``slack`` of their real cost.
+
+    The cost of a row is ``new x (old + new + width)`` (attention over its context plus a
+    per-token term for the dense layers, ``width`` in units of context positions); a group pays
+    ``rows x new_max x (old_max + new_max + width)``. Rows are visited by context length and a
+    row joins the current group while the group stays within ``slack``."""
+    order = sorted(range(len(n_new)), key=lambda b: (n_old[b] + n_new[b], n_new[b]))
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    real = 0
+    for b in order:
+        cand = cur + [b]
+        old_max = max(n_old[i] for i in cand)
+        new_max = max(n_new[i] for i in cand)
+        cand_real = real + n_new[b] * (n_old[b] + n_new[b] + width)
+        if cur and len(cand) * new_max * (old_max + new_max + width) > slack * cand_real:
+            groups.append(cur)
+            cur, real = [b], n_new[b] * (n_old[b] + n_new[b] + width)
+        else:
+            cur, real = cand, cand_real
+    if cur:
+        groups.append(cur)
+    return groups
 
 
 def _nbytes(kv: list[tuple[Any, Any]]) -> int:

@@ -60,6 +60,9 @@ class ParsedTurn:
     error: str | None = None
 
 
+PROMPT_VARIANTS = ("standard", "fewshot")
+
+
 def load_template(name: str, path: str | Path | None = None) -> str:
     """Read a prompt template: ``path`` if given (a user's own file), else the packaged one."""
     if path is not None:
@@ -108,13 +111,23 @@ class TrajectoryFormat(ABC):
         observation_role: str = "tool",
         system_prompt_path: str | Path | None = None,
         raw_prompt_path: str | Path | None = None,
+        prompt_variant: str = "standard",
     ) -> None:
+        """``prompt_variant`` picks the packaged instructions: ``standard`` (``<name>_system.txt``,
+        for trained checkpoints) or ``fewshot`` (``<name>_fewshot.txt``: the same plus a worked
+        example, which an untrained small model needs to follow the format). A user's
+        ``system_prompt_path`` wins over both."""
         if mode not in ("chat", "raw"):
             raise ValueError(f"mode must be 'chat' or 'raw', got {mode!r}")
         self.mode: Mode = mode
         self.tokenizer = tokenizer
         self.observation_role = observation_role
-        self.system_prompt = load_template(self.system_template, system_prompt_path).strip()
+        if prompt_variant not in PROMPT_VARIANTS:
+            raise ValueError(f"prompt_variant must be one of {PROMPT_VARIANTS}, got {prompt_variant!r}")
+        template = self.system_template
+        if prompt_variant != "standard":
+            template = template.replace("_system.txt", f"_{prompt_variant}.txt")
+        self.system_prompt = load_template(template, system_prompt_path).strip()
         self.raw_prompt = load_template(self.raw_template, raw_prompt_path)
         if mode == "chat" and (tokenizer is None or not getattr(tokenizer, "chat_template", None)):
             raise ValueError(f"format {self.name!r} in chat mode needs a tokenizer with a chat template")
