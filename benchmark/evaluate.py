@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from r3rag.cli import run_main  # noqa: E402
+from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 from r3rag.config import add_config_args  # noqa: E402
 from r3rag.metrics import NORMALIZERS  # noqa: E402
 
@@ -108,7 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("score", help="re-score a predictions JSONL", description="Re-score a JSONL of predictions.")

@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from r3rag.cli import run_main  # noqa: E402
+from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--hotpotqa", default="data/r1searcher/hotpotqa_500.jsonl", help="HotpotQA subset (default: %(default)s)")
     p.add_argument("--slice", type=int, default=100, help="first N HotpotQA questions (default: %(default)s)")

@@ -20,7 +20,7 @@ import argparse
 import time
 from pathlib import Path
 
-from r3rag.cli import run_main
+from r3rag.cli import ArgumentParser, run_main
 
 DEFAULT_METHODS = ("oracle", "direct", "rag", "r3rag", "r1searcher")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def _default_config() -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="runs/quickstart", help="working folder (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="world seed (default: %(default)s)")
     parser.add_argument("--size", default="small", help="world size: small|medium|large (default: %(default)s)")

@@ -218,3 +218,40 @@ def test_health_stays_responsive_under_load_and_failures_are_500_json():
         r = httpx.post(h.url + "/retrieve", json={"queries": ["x"]}, timeout=5)
         assert r.status_code == 500 and "disk on fire" in r.json()["error"] and "Traceback" not in r.text
         assert httpx.get(h.url + "/health").status_code == 200
+
+
+class _RecordingSearcher(Searcher):
+    """Answers query q with one passage whose id is q, and records every batch it is given."""
+
+    name, kind = "rec", "test"
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    @property
+    def size(self) -> int:
+        return 1
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        self.batches.append(list(queries))
+        return [[Passage(id=q, contents=q)] for q in queries]
+
+
+def test_batch_cap_is_strict_and_an_oversized_request_runs_alone():
+    from r3rag.retrieval.batcher import MicroBatcher
+
+    rec = _RecordingSearcher()
+    requests = [["a1", "a2", "a3"], ["b1", "b2", "b3"], ["c1", "c2"], [f"d{i}" for i in range(7)]]
+
+    async def go():
+        b = MicroBatcher(rec, window_s=0.5, max_batch=5)
+        try:
+            return await asyncio.gather(*(b.search(r, 1) for r in requests))
+        finally:
+            await b.aclose()
+
+    results = asyncio.run(go())
+    # a (3) + b (3) would exceed 5, so b starts the next batch and c (2) joins it; d (7) is alone.
+    assert rec.batches == [requests[0], requests[1] + requests[2], requests[3]]
+    for req, res in zip(requests, results):
+        assert [[p.id for p in ps] for ps in res] == [[q] for q in req]

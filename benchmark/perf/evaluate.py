@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from r3rag.cli import run_main  # noqa: E402
+from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny random model and 4 questions (seconds)")
     p.add_argument("--model", default="smollm2", help="policy model (default: %(default)s)")
     p.add_argument("--method", default="r3rag", help="evaluation method (default: %(default)s)")

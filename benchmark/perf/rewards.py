@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from r3rag.cli import run_main
+from r3rag.cli import ArgumentParser, run_main
 from r3rag.data.records import Passage
 from r3rag.metrics import f1_score
 from r3rag.rewards import load_recipe
@@ -150,7 +150,7 @@ def judge_concurrency(requests: int, latency_ms: float, concurrency: int) -> dic
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10,000 trajectories and 64 judge requests")
     parser.add_argument("--trajectories", type=int, default=100_000, help="trajectories per recipe (default: %(default)s)")
     parser.add_argument("--batch", type=int, default=1024, help="scoring batch size (default: %(default)s)")

@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from r3rag.cli import ArgumentParser  # noqa: E402
+
 
 def build_backend(name: str):
     from r3rag.rollout.backends.hf import HFBackend, load_model
@@ -118,7 +120,7 @@ def run_one(model_name: str, questions, url: str, fmt_name: str, mode: str, naiv
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="Rollout engine vs naive loop (tiny model and SmolLM2), one JSON summary last.")
+    ap = ArgumentParser(description="Rollout engine vs naive loop (tiny model and SmolLM2), one JSON summary last.")
     ap.add_argument("--quick", action="store_true", help="tiny model only (< 3 minutes on 2 cores)")
     ap.add_argument("--batch", type=int, default=32, help="questions per engine batch (default: %(default)s)")
     ap.add_argument("--naive", type=int, default=None, help="trajectories in the naive loop (default: batch; 8 for SmolLM2)")

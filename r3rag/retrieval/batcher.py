@@ -6,7 +6,14 @@ server that searches each request on its own loses most of its throughput to con
 request, keeps collecting for at most ``window_s`` or until ``max_batch`` queries are in hand,
 then runs a single ``searcher.search`` over all of them (with the largest ``k`` asked, each
 request's results cut back to its own ``k``) on a worker thread, so the event loop stays free
-for ``/health`` and new requests. While a batch runs, the next one fills up. With
+for ``/health`` and new requests. While a batch runs, the next one fills up.
+
+The cap is strict: a request that would take the batch past ``max_batch`` is not merged but
+starts the next batch (a request larger than the cap runs alone). Merging already-large
+requests gains nothing (the per-call cost is amortised) and would stall the pipeline: two
+clients sending 64 queries each would be answered together, then send together again, and the
+search thread would idle while both responses are rendered. Kept apart, one request is searched
+while the other's answer is encoded on the event loop. With
 ``enabled=False`` every request is searched alone on the same worker thread, the baseline the
 benchmark compares against.
 """
@@ -29,7 +36,7 @@ class _Job:
 
 
 class MicroBatcher:
-    def __init__(self, searcher: Searcher, window_s: float = 0.002, max_batch: int = 128,
+    def __init__(self, searcher: Searcher, window_s: float = 0.002, max_batch: int = 64,
                  enabled: bool = True, executor: ThreadPoolExecutor | None = None) -> None:
         self.searcher = searcher
         self.window_s = window_s
@@ -39,6 +46,7 @@ class MicroBatcher:
         self._own_executor = executor is None
         self._queue: asyncio.Queue[_Job] | None = None
         self._worker: asyncio.Task | None = None
+        self._carry: _Job | None = None  # a request that did not fit the last batch: starts the next
         self.batches = 0
         self.batched_queries = 0
 
@@ -58,7 +66,10 @@ class MicroBatcher:
     async def _collect(self) -> list[_Job]:
         assert self._queue is not None
         loop = asyncio.get_running_loop()
-        jobs = [await self._queue.get()]
+        if self._carry is not None:
+            jobs, self._carry = [self._carry], None
+        else:
+            jobs = [await self._queue.get()]
         n = len(jobs[0].queries)
         deadline = loop.time() + self.window_s
         while n < self.max_batch:
@@ -72,6 +83,9 @@ class MicroBatcher:
                     job = await asyncio.wait_for(self._queue.get(), remaining)
                 except asyncio.TimeoutError:
                     break
+            if n + len(job.queries) > self.max_batch:
+                self._carry = job
+                break
             jobs.append(job)
             n += len(job.queries)
         return jobs

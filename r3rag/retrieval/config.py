@@ -19,7 +19,8 @@ class ServiceConfig(Section):
     rerank_depth: int = 20
     microbatch: bool = True
     batch_window_ms: float = 2.0
-    max_batch_queries: int = 128
+    max_batch_queries: int = 64
+    """Queries per search batch (strict: a request that would exceed it starts the next batch)."""
     cache_size: int = 100_000
     """Entries of the (index, query, k) LRU cache; 0 disables it."""
     max_queries_per_request: int = 512

@@ -61,7 +61,13 @@ class RowSearcher(Searcher):
         if not queries:
             return []
         rows, scores = self.search_rows(queries, k)
-        return [self.store.get(r.tolist(), s.tolist()) for r, s in zip(rows, scores)]
+        # one corpus look-up for the whole batch (the per-call checks cost more than the lines)
+        flat = self.store.get(np.concatenate(rows).tolist(), np.concatenate(scores).tolist())
+        out, pos = [], 0
+        for r in rows:
+            out.append(flat[pos : pos + len(r)])
+            pos += len(r)
+        return out
 
     def close(self) -> None:
         self.store.close()
