@@ -72,40 +72,44 @@ def _check_passage(obj: Any) -> tuple[Passage | None, str | None]:
 CHECKS = {"questions": _check_question, "corpus": _check_passage}
 
 
-def iter_problems(path: str | Path, kind: str) -> Iterator[str]:
-    """Every problem in a JSONL file as ``file:line: problem`` (empty when the file is fine)."""
-    path = Path(path)
-    if not path.is_file():
-        yield f"{path}: file not found"
-        return
+def _scan(path: Path, kind: str) -> Iterator[tuple[str, Any, str | None]]:
+    """Yield ``(where, record, problem)`` for every non-blank line; exactly one of the last two is set."""
     check = CHECKS[kind]
     seen: dict[str, int] = {}
-    n = 0
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             where = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                yield f"{where}: not valid UTF-8 ({err.reason} at byte {err.start})"
+                yield where, None, f"not valid UTF-8 ({err.reason} at byte {err.start})"
                 continue
             if not line.strip():
                 continue
-            n += 1
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
-                yield f"{where}: not valid JSON ({err.msg} at column {err.colno})"
+                yield where, None, f"not valid JSON ({err.msg} at column {err.colno})"
                 continue
             record, problem = check(obj)
-            if problem:
-                yield f"{where}: {problem}"
-                continue
-            rid = record.id  # type: ignore[union-attr]
-            if rid in seen:
-                yield f"{where}: duplicate id {rid!r} (first on line {seen[rid]})"
-            else:
-                seen[rid] = lineno
+            if problem is None and record.id in seen:
+                problem = f"duplicate id {record.id!r} (first on line {seen[record.id]})"
+            elif problem is None:
+                seen[record.id] = lineno
+            yield where, (None if problem else record), problem
+
+
+def iter_problems(path: str | Path, kind: str) -> Iterator[str]:
+    """Every problem in a JSONL file as ``file:line: problem`` (empty when the file is fine)."""
+    path = Path(path)
+    if not path.is_file():
+        yield f"{path}: file not found"
+        return
+    n = 0
+    for where, _, problem in _scan(path, kind):
+        n += 1
+        if problem:
+            yield f"{where}: {problem}"
     if n == 0:
         yield f"{path}: no records (the file is empty)"
 
@@ -114,30 +118,12 @@ def _read(path: str | Path, kind: str) -> Iterator[Any]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    check = CHECKS[kind]
-    seen: set[str] = set()
     n = 0
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"{where}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            record, problem = check(obj)
-            if problem:
-                raise DataError(f"{where}: {problem}")
-            if record.id in seen:
-                raise DataError(f"{where}: duplicate id {record.id!r}")
-            seen.add(record.id)
-            n += 1
-            yield record
+    for where, record, problem in _scan(path, kind):
+        if problem:
+            raise DataError(f"{where}: {problem}")
+        n += 1
+        yield record
     if n == 0:
         raise DataError(f"{path}: no records (the file is empty)")
 
