@@ -23,7 +23,7 @@ The last line printed is one JSON object.
 
     python benchmark/perf/retrieval.py --quick          # 100k synthetic passages for the HTTP figure
     python benchmark/perf/retrieval.py --world-size medium --wiki-passages 0 --memory-size 200000
-    python benchmark/perf/retrieval.py --work /tmp/bench --world-size large   # the 1M-passage world
+    python benchmark/perf/retrieval.py --work runs/bench --world-size large   # the 1M-passage world
 """
 
 from __future__ import annotations
