@@ -3,13 +3,13 @@
 Every stage declares its settings as a pydantic model (``extra="forbid"``, so a typo is an
 error) and loads them with :func:`load_config`::
 
-    >>> from pydantic import BaseModel
     >>> class Rollout(Section):
     ...     max_steps: int = 5
-    >>> class Cfg(Section):
-    ...     rollout: Rollout = Rollout()
-    >>> load_config(Cfg, None, ["rollout.max_steps=3"]).rollout.max_steps
-    3
+    ...     temperature: float = 0.0
+    >>> load_config(Rollout, None, ["max_steps=3"])
+    Rollout(max_steps=3, temperature=0.0)
+
+Sections nest (``rollout.max_steps=3`` reaches a ``rollout: Rollout`` field of a root config).
 
 An unknown key or a bad value raises :class:`r3rag.errors.ConfigError` with one line naming
 the key, where it came from (the file or ``--set``) and what was expected.

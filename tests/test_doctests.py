@@ -1,0 +1,17 @@
+"""The runnable examples in the foundation modules' docstrings run and hold."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["r3rag.config", "r3rag.metrics", "r3rag.data.hf_datasets"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0, f"{name} has no runnable example"
+    assert result.failed == 0
