@@ -67,21 +67,24 @@ def resolve_model_path(name: str) -> str:
     return str(packaged_smollm2_path()) if name == "smollm2" else name
 
 
+def _split_source(path_or_gguf: str | Path) -> tuple[str, dict[str, str]]:
+    """``(from_pretrained source, extra kwargs)``: a ``.gguf`` file loads from its folder by name."""
+    src = resolve_model_path(str(path_or_gguf))
+    if not src.endswith(".gguf"):
+        return src, {}
+    p = Path(src)
+    if not p.is_file():
+        raise ModelLoadError(f"{p}: GGUF file not found")
+    return str(p.parent), {"gguf_file": p.name}
+
+
 def load_tokenizer(path_or_gguf: str | Path) -> Any:
     """Only the tokenizer of a folder, hub name or ``.gguf`` file (much faster than the model)."""
     from transformers import AutoTokenizer
 
-    src = resolve_model_path(str(path_or_gguf))
+    src, kw = _split_source(path_or_gguf)
     try:
-        if src.endswith(".gguf"):
-            p = Path(src)
-            if not p.is_file():
-                raise ModelLoadError(f"{p}: GGUF file not found")
-            tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        else:
-            tok = AutoTokenizer.from_pretrained(src)
-    except ModelLoadError:
-        raise
+        tok = AutoTokenizer.from_pretrained(src, **kw)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"{src}: cannot load tokenizer ({str(err).splitlines()[0]})") from None
     if tok.pad_token_id is None:
@@ -92,26 +95,14 @@ def load_tokenizer(path_or_gguf: str | Path) -> Any:
 def load_model(path_or_gguf: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a folder, a hub name or a ``.gguf`` file."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    src = resolve_model_path(str(path_or_gguf))
-    torch_dtype = getattr(torch, dtype)
+    src, kw = _split_source(path_or_gguf)
     try:
-        if src.endswith(".gguf"):
-            p = Path(src)
-            if not p.is_file():
-                raise ModelLoadError(f"{p}: GGUF file not found")
-            tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-            model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch_dtype)
-        else:
-            tok = AutoTokenizer.from_pretrained(src)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)
-    except ModelLoadError:
-        raise
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kw)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"{src}: cannot load model ({str(err).splitlines()[0]})") from None
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
+    tok = load_tokenizer(path_or_gguf)
     model.to(device)
     model.eval()
     return model, tok
