@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["r3rag.config", "r3rag.metrics", "r3rag.data.hf_datasets"]
+MODULES = ["r3rag.config", "r3rag.metrics", "r3rag.data.hf_datasets", "r3rag.rollout.backends.shared_prefix"]
 
 
 @pytest.mark.parametrize("name", MODULES)

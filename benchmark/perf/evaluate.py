@@ -8,16 +8,23 @@ either timing starts; retrieval is the world's BM25 index in-process. Greedy dec
 runs should agree; the share of identical predictions is reported (left padding can flip a
 near-tie in float32).
 
+Both runs use the same backend features (per-trajectory KV prefix cache, shared system-prompt
+prefix); only the batch size differs. ``--set model.shared_prefix_tokens=0`` turns the shared
+prefix off in both. Torch uses every core this process may run on unless ``--threads`` says
+otherwise.
+
 The last line printed is a one-line JSON summary.
 
     python benchmark/perf/evaluate.py --quick          # tiny random model, 4 questions
-    python benchmark/perf/evaluate.py                   # SmolLM2, 16 questions, batch 16
+    python benchmark/perf/evaluate.py                   # SmolLM2, 32 questions, batch 32, all cores
+    python benchmark/perf/evaluate.py --threads 1 --questions 16 --batch 16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -33,9 +40,10 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny random model and 4 questions (seconds)")
     p.add_argument("--model", default="smollm2", help="policy model (default: %(default)s)")
     p.add_argument("--method", default="r3rag", help="evaluation method (default: %(default)s)")
-    p.add_argument("--questions", type=int, default=16, help="dev questions (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=16, help="questions per engine call when batched (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--questions", type=int, default=32, help="dev questions (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=32, help="questions per engine call when batched (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="torch threads (default: the cores this process may use, %(default)s here)")
     p.add_argument("--dtype", default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra evaluation config overrides")
@@ -75,14 +83,18 @@ def main() -> int:
     timings: dict[int, float] = {}
     preds: dict[int, dict[str, str]] = {}
     tokens: dict[int, float] = {}
+    shared: dict[int, int] = {}
     for b in (1, batch):
+        backend = load_backend(cfg(b).model)
+        hits0 = getattr(getattr(backend, "shared", None), "hits", 0)
         t = time.perf_counter()
         out = run_evaluation(cfg(b), tmp / f"b{b}")
         timings[b] = time.perf_counter() - t
+        shared[b] = getattr(getattr(backend, "shared", None), "hits", 0) - hits0
         preds[b] = {r["id"]: r["prediction"] for r in load_rows(tmp / f"b{b}" / "predictions.jsonl")}
         tokens[b] = out.results["avg_generated_tokens"]
         print(f"batch {b:>3}: {questions} questions in {timings[b]:.1f} s = {questions / timings[b]:.3f} q/s "
-              f"({tokens[b]:.0f} generated tokens/q)")
+              f"({tokens[b]:.0f} generated tokens/q; {shared[b]} rows started from a shared prompt prefix)")
     same = sum(preds[1][k] == preds[batch].get(k) for k in preds[1]) / max(len(preds[1]), 1)
     speedup = timings[1] / timings[batch]
     print(f"speed-up {speedup:.2f}x (goal >= 4x); identical predictions {100 * same:.0f}%")
@@ -93,6 +105,7 @@ def main() -> int:
         "batch1_s": round(timings[1], 2), "batched_s": round(timings[batch], 2),
         "batch1_qps": round(questions / timings[1], 4), "batched_qps": round(questions / timings[batch], 4),
         "speedup": round(speedup, 2), "same_predictions": round(same, 3),
+        "shared_prefix_rows": {"batch1": shared[1], "batched": shared[batch]},
     }))
     return 0
 

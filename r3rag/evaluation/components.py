@@ -55,7 +55,8 @@ def _load_backend(cfg: ModelConfig) -> PolicyBackend:
             raise ConfigError("an OpenAI-compatible model needs model.tokenizer (a local tokenizer folder or .gguf)")
         return get_backend("openai", base_url=base_url, model=cfg.api_model, tokenizer=load_tokenizer(tok_src))
     if cfg.backend == "hf":
-        return get_backend("hf", model=cfg.path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size)
+        return get_backend("hf", model=cfg.path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
+                           shared_prefix_tokens=cfg.shared_prefix_tokens)
     return get_backend(cfg.backend, model=cfg.path)
 
 

