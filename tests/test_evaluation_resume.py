@@ -63,17 +63,5 @@ def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, repo_root):
     assert reference.new == N
     assert (killed / "results.json").read_text() == (tmp_path / "uninterrupted" / "results.json").read_text()
     ref_rows = {r["id"]: r for r in load_rows(tmp_path / "uninterrupted" / "predictions.jsonl")}
-    # The same tokens, texts and steps; log-probs agree to float rounding only: the backend's
-    # shared prompt prefix depends on which prompts it has seen, and the resumed run starts afresh
-    # (a prefix prefilled alone is not bit-identical to the same tokens inside a longer prefill).
-    assert {r["id"]: _without_logprobs(r["trajectory"]) for r in rows} == {
-        k: _without_logprobs(r["trajectory"]) for k, r in ref_rows.items()}
-    for r in rows:
-        for seg, ref in zip(r["trajectory"]["segments"], ref_rows[r["id"]]["trajectory"]["segments"]):
-            assert (seg.get("logprobs") is None) == (ref.get("logprobs") is None)
-            assert seg.get("logprobs") is None or seg["logprobs"] == pytest.approx(ref["logprobs"], abs=1e-4)
+    assert {r["id"]: r["trajectory"] for r in rows} == {k: r["trajectory"] for k, r in ref_rows.items()}
     assert json.loads((killed / "results.json").read_text())["n"] == N
-
-
-def _without_logprobs(traj: dict) -> dict:
-    return {**traj, "segments": [{k: v for k, v in seg.items() if k != "logprobs"} for seg in traj["segments"]]}

@@ -3,8 +3,10 @@
 Runs ``benchmark/evaluate.py run`` in-process twice on the same world dev questions with the same
 model, once with ``run.batch_size = model.max_batch_size = 1`` (the baseline: one question at a
 time) and once with ``--batch`` questions per engine call, and reports questions per second for
-each and the speed-up (goal >= 4x with SmolLM2-135M on CPU). The model is loaded once before
-either timing starts; retrieval is the world's BM25 index in-process. Greedy decoding, so the two
+each and the speed-up (goal >= 4x with SmolLM2-135M on CPU); ``--repeat N`` times both N times
+and reports the median of the N ratios (the machines are noisy, and a plain-prompt run is
+short). The model is loaded once before any timing starts, and every timed run starts with empty
+KV caches; retrieval is the world's BM25 index in-process. Greedy decoding, so the two
 runs should agree; the share of identical predictions is reported (left padding can flip a
 near-tie in float32).
 
@@ -17,6 +19,7 @@ The last line printed is a one-line JSON summary.
 
     python benchmark/perf/evaluate.py --quick          # tiny random model, 4 questions
     python benchmark/perf/evaluate.py                   # SmolLM2, 32 questions, batch 32, all cores
+    python benchmark/perf/evaluate.py --repeat 3        # median of 3 rounds
     python benchmark/perf/evaluate.py --threads 1 --questions 16 --batch 16
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +48,9 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32, help="questions per engine call when batched (default: %(default)s)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="torch threads (default: the cores this process may use, %(default)s here)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="timed rounds, each batch 1 then batched; the speed-up is the median of the rounds' ratios "
+                        "(default: %(default)s)")
     p.add_argument("--dtype", default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra evaluation config overrides")
@@ -80,31 +87,39 @@ def main() -> int:
     for b in (1, batch):
         load_backend(cfg(b).model)  # load (and keep) the model before any timing
     load_s = time.perf_counter() - t0
-    timings: dict[int, float] = {}
+    timings: dict[int, list[float]] = {1: [], batch: []}
     preds: dict[int, dict[str, str]] = {}
     tokens: dict[int, float] = {}
     shared: dict[int, int] = {}
-    for b in (1, batch):
-        backend = load_backend(cfg(b).model)
-        hits0 = getattr(getattr(backend, "shared", None), "hits", 0)
-        t = time.perf_counter()
-        out = run_evaluation(cfg(b), tmp / f"b{b}")
-        timings[b] = time.perf_counter() - t
-        shared[b] = getattr(getattr(backend, "shared", None), "hits", 0) - hits0
-        preds[b] = {r["id"]: r["prediction"] for r in load_rows(tmp / f"b{b}" / "predictions.jsonl")}
-        tokens[b] = out.results["avg_generated_tokens"]
-        print(f"batch {b:>3}: {questions} questions in {timings[b]:.1f} s = {questions / timings[b]:.3f} q/s "
-              f"({tokens[b]:.0f} generated tokens/q; {shared[b]} rows started from a shared prompt prefix)")
+    for r in range(args.repeat):
+        for b in (1, batch):
+            backend = load_backend(cfg(b).model)
+            if hasattr(backend, "clear_cache"):
+                backend.clear_cache()  # every timed run starts cold, as a fresh process would
+            rows0 = getattr(getattr(backend, "shared", None), "rows", 0)
+            out_dir = tmp / f"b{b}-r{r}"
+            t = time.perf_counter()
+            out = run_evaluation(cfg(b), out_dir)
+            timings[b].append(time.perf_counter() - t)
+            shared[b] = getattr(getattr(backend, "shared", None), "rows", 0) - rows0
+            preds[b] = {row["id"]: row["prediction"] for row in load_rows(out_dir / "predictions.jsonl")}
+            tokens[b] = out.results["avg_generated_tokens"]
+            dt = timings[b][-1]
+            print(f"round {r + 1}/{args.repeat} batch {b:>3}: {questions} questions in {dt:.1f} s = {questions / dt:.3f} q/s "
+                  f"({tokens[b]:.0f} generated tokens/q; {shared[b]} rows started from a shared prompt prefix)")
     same = sum(preds[1][k] == preds[batch].get(k) for k in preds[1]) / max(len(preds[1]), 1)
-    speedup = timings[1] / timings[batch]
-    print(f"speed-up {speedup:.2f}x (goal >= 4x); identical predictions {100 * same:.0f}%")
+    ratios = [t1 / tb for t1, tb in zip(timings[1], timings[batch])]
+    speedup = statistics.median(ratios)
+    t1, tb = statistics.median(timings[1]), statistics.median(timings[batch])
+    print(f"speed-up {speedup:.2f}x, median of {args.repeat} round(s) {', '.join(f'{x:.2f}' for x in ratios)} "
+          f"(goal >= 4x); identical predictions {100 * same:.0f}%")
     print(json.dumps({
         "benchmark": "evaluate", "quick": args.quick, "model": Path(model).name, "method": args.method,
         "questions": questions, "batch": batch, "threads": args.threads, "dtype": args.dtype,
-        "model_load_s": round(load_s, 1),
-        "batch1_s": round(timings[1], 2), "batched_s": round(timings[batch], 2),
-        "batch1_qps": round(questions / timings[1], 4), "batched_qps": round(questions / timings[batch], 4),
-        "speedup": round(speedup, 2), "same_predictions": round(same, 3),
+        "repeat": args.repeat, "model_load_s": round(load_s, 1),
+        "batch1_s": round(t1, 2), "batched_s": round(tb, 2),
+        "batch1_qps": round(questions / t1, 4), "batched_qps": round(questions / tb, 4),
+        "speedup": round(speedup, 2), "speedups": [round(x, 2) for x in ratios], "same_predictions": round(same, 3),
         "shared_prefix_rows": {"batch1": shared[1], "batched": shared[batch]},
     }))
     return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 from r3rag.data.records import Passage, Question
 from r3rag.evaluation.config import MethodConfig
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, PolicyBackend, SamplingParams
+from r3rag.rollout.backends.shared_prefix import SENTINELS, shared_prefix_len
 from r3rag.rollout.config import RolloutConfig
 from r3rag.rollout.formats.r3rag_steps import render_passage
 from r3rag.rollout.retriever import Retriever
@@ -141,6 +142,8 @@ class PromptedBaseline:
             trajs[i].segments.append(Segment("prompt", prompt, ids))
             ctx_ids.append(list(ids))
             ctx_text.append(prompt)
+        # prompt ids common to every prompt (the backend may prefill them once)
+        shared = shared_prefix_len(lambda j: encode(self.tokenizer, self.render_prompt(SENTINELS[j], [Passage(str(j), SENTINELS[j])])))
         active = list(range(len(questions)))
         turns = self.method.max_steps if self.spec.iterative else 1
         stop = ["\n"] if self.spec.iterative else ["\n\n"]
@@ -150,7 +153,7 @@ class PromptedBaseline:
             reqs = [
                 GenerationRequest(ctx_ids[i], ctx_text[i], SamplingParams(
                     max_tokens=self.method.answer_max_tokens, temperature=self.rollout.temperature,
-                    top_p=self.rollout.top_p, stop=stop, seed=self.rollout.seed + i))
+                    top_p=self.rollout.top_p, stop=stop, seed=self.rollout.seed + i), shared_prefix=shared)
                 for i in active
             ]
             outs = await self.backend.agenerate(reqs)

@@ -41,7 +41,7 @@ class ModelConfig(Section):
     device: str = "cpu"
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass in the HF backend")
     shared_prefix_tokens: int = Field(
-        32, ge=0, description="HF backend: prompts sharing this many leading tokens (the system prompt) prefill them once; 0 = off"
+        32, ge=0, description="HF backend: the shortest prompt prefix common to all prompts (chat template, system prompt) worth prefilling once and reusing; 0 = off"
     )
 
 

