@@ -147,3 +147,32 @@ def test_clear_cache_drops_shared_prefixes():
     assert len(be.shared) == 1
     be.clear_cache()
     assert len(be.shared) == 0
+
+
+@pytest.mark.parametrize("name", ["direct", "rag", "ircot"])
+def test_baselines_put_the_shared_length_on_their_requests(name):
+    import asyncio
+
+    from r3rag.data.records import Passage, Question
+    from r3rag.evaluation.baselines import BASELINES, PromptedBaseline
+    from r3rag.evaluation.config import MethodConfig
+    from r3rag.rollout.config import RolloutConfig
+
+    tok = tiny_tokenizer()
+    seen: list[GenerationRequest] = []
+
+    class Spy(HFBackend):
+        def generate_batch(self, requests):
+            seen.extend(requests)
+            return super().generate_batch(requests)
+
+    class Docs:
+        async def asearch(self, queries, k):
+            return [[Passage("p1", "Quessa is a city.")] for _ in queries]
+
+    base = PromptedBaseline(name, BASELINES[name], Spy(tiny_model(), tok), Docs(), MethodConfig(max_steps=1, answer_max_tokens=4), RolloutConfig())
+    assert base.shared_prefix >= 16
+    prompts = [encode(tok, base.render_prompt(q, [Passage("p1", "Quessa is a city.")])) for q in ASKED]
+    assert all(p[: base.shared_prefix] == prompts[0][: base.shared_prefix] for p in prompts)
+    asyncio.run(base.arun([Question(str(i), q, ["x"]) for i, q in enumerate(ASKED)]))
+    assert seen and all(r.shared_prefix == base.shared_prefix for r in seen)

@@ -97,6 +97,10 @@ class PromptedBaseline:
         self.rollout = rollout
         self.system, self.user = load_prompt(spec.template, method.prompt_path)
         self.eos = self.tokenizer.eos_token or ""
+        # prompt ids common to every prompt (chat template, system prompt): the backend may
+        # prefill them once (GenerationRequest.shared_prefix)
+        self.shared_prefix = shared_prefix_len(
+            lambda j: encode(self.tokenizer, self.render_prompt(SENTINELS[j], [Passage(str(j), SENTINELS[j])])))
 
     # ---- prompt ---------------------------------------------------------------------------------
     def render_prompt(self, question: str, docs: list[Passage]) -> str:
@@ -142,8 +146,6 @@ class PromptedBaseline:
             trajs[i].segments.append(Segment("prompt", prompt, ids))
             ctx_ids.append(list(ids))
             ctx_text.append(prompt)
-        # prompt ids common to every prompt (the backend may prefill them once)
-        shared = shared_prefix_len(lambda j: encode(self.tokenizer, self.render_prompt(SENTINELS[j], [Passage(str(j), SENTINELS[j])])))
         active = list(range(len(questions)))
         turns = self.method.max_steps if self.spec.iterative else 1
         stop = ["\n"] if self.spec.iterative else ["\n\n"]
@@ -153,7 +155,7 @@ class PromptedBaseline:
             reqs = [
                 GenerationRequest(ctx_ids[i], ctx_text[i], SamplingParams(
                     max_tokens=self.method.answer_max_tokens, temperature=self.rollout.temperature,
-                    top_p=self.rollout.top_p, stop=stop, seed=self.rollout.seed + i), shared_prefix=shared)
+                    top_p=self.rollout.top_p, stop=stop, seed=self.rollout.seed + i), shared_prefix=self.shared_prefix)
                 for i in active
             ]
             outs = await self.backend.agenerate(reqs)
