@@ -2,7 +2,7 @@
 """r3rag evaluation.
 
 Subcommands:
-  run      evaluate a method (direct, rag, ircot, r3rag, r1searcher, oracle) on a dataset
+  run      evaluate a method (direct, rag, ircot, r3rag_steps, r1searcher_tags, oracle) on a dataset
            (hotpotqa, 2wiki, musique, bamboogle, world, or a JSONL path); resumable, shardable;
            writes predictions.jsonl, results.json, report.md, results.csv and PNG plots to --out
   merge    join the shard folders of one run into one (same results as an unsharded run)
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     p.add_argument("--dataset", help="hotpotqa | 2wiki | musique | bamboogle | world | PATH to a JSONL (default: world)")
     p.add_argument("--source", help="hotpotqa/2wiki/musique from 'hf' (the hub) or a local copy of a hub release")
-    p.add_argument("--method", help="direct | rag | ircot | r3rag | r1searcher | oracle (default: r3rag); "
+    p.add_argument("--method", help="direct | rag | ircot | r3rag_steps | r1searcher_tags | oracle (default: r3rag_steps); "
                                     "a comma-separated list runs each into --out/METHOD with the model loaded once")
     p.add_argument("--model", help="local model folder, .gguf, 'smollm2' (packaged), or an OpenAI-compatible URL")
     p.add_argument("--retriever-url", action="append", default=[], metavar="URL",

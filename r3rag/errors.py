@@ -11,3 +11,7 @@ class DataError(R3RagError):
 
 class ConfigError(R3RagError):
     """A config file or override is invalid. The message names the key and the file."""
+
+
+class NotTrainableError(R3RagError):
+    """A trajectory cannot be used as token-level training data (ids not exact)."""

@@ -1,104 +1,158 @@
-"""The main job on the embedded default: ``make quickstart`` (``python -m r3rag.quickstart``).
+"""The main job on the embedded world: ``make quickstart`` (``python -m r3rag.quickstart``).
 
-1. generate the embedded world (seeded: the same files every time) into ``WORK/world``;
-2. build its BM25 index (``WORK/world/index_bm25``);
-3. start the retrieval service on 127.0.0.1 (a free port) in this process;
-4. evaluate, on the first ``--limit`` questions of the world's dev split: the oracle (the
-   gold-decomposition policy: the retrieval upper bound of copying the decomposition), then
-   SmolLM2-135M-Instruct (shipped on PyPI) with direct answer, standard RAG, R3-RAG's step format
-   and R1-Searcher's tag format, each into ``WORK/eval/<method>``;
-5. print the table, write the side-by-side report to ``WORK/report`` (compare.md/.csv/.png), and
-   stop the service.
+Trains a small model to reason and retrieve step by step, on a CPU, and shows with confidence
+intervals what each stage bought:
 
-Everything is reused when present (the world, the index, finished predictions), so a second run
-only recomputes the tables: a killed quickstart resumes where it stopped.
+  world      generate the embedded world (seeded)                     WORK/world
+  index      build its BM25 index; serve it on 127.0.0.1              WORK/index
+  coldstart  the world's teacher answers train questions; correct
+             chains are kept as SFT data                              WORK/coldstart
+  sft        fine-tune SmolLM2-135M-Instruct on them (LLaMA-Factory)  WORK/sft
+  rl         RL from the SFT checkpoint                               WORK/rl
+  eval       base, SFT and RL on the same held-out questions          WORK/eval/<run>
+  report     table with 95% CIs, paired differences, RL curves,
+             two questions before/after training, the claims         WORK/report
+
+One progress line per stage with its elapsed time. Every stage is resumable: a rerun (also after
+Ctrl-C or SIGKILL) skips the finished stages (done markers in WORK/.done) and continues the
+unfinished one. The retrieval service is stopped at the end, also on Ctrl-C and on failure.
+
+Presets (configs/quickstart/): full (the default: >= 300 held-out questions), fast (--fast: fewer
+held-out questions and less training; its intervals are wider), prompted (the evaluation-only
+quickstart: the prompted base model with several methods, no training).
+
+Examples:
+  python -m r3rag.quickstart                         # the full pipeline
+  python -m r3rag.quickstart --fast                  # the fast preset
+  python -m r3rag.quickstart --preset prompted       # evaluation only (no training)
+  python -m r3rag.quickstart --stages world-sft      # a prefix; --stages eval,report: a subset
+  python -m r3rag.quickstart --set world.seed=1 --work runs/qs-seed1
+  python -m r3rag.quickstart --redo rl               # redo RL (and what reads it)
+
+Exit status: 0 done; 2 a bad flag, config or input; 3 a stage produced nothing usable (no
+cold-start data kept, SFT loss not falling, RL reward flat with every group filtered); 4 with
+--require-claims, SFT did not beat the base or RL did not beat SFT.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
+import sys
 from pathlib import Path
 
 from r3rag.cli import ArgumentParser, run_main
 
-DEFAULT_METHODS = ("oracle", "direct", "rag", "r3rag", "r1searcher")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
+PRESET_DIR = _REPO_ROOT / "configs" / "quickstart"
+EXIT_UNUSABLE = 3
+EXIT_CLAIMS = 4
 
 
-def _default_config() -> str | None:
-    path = _REPO_ROOT / "configs" / "evaluate" / "embedded-cpu.yaml"
-    return str(path) if path.is_file() else None
+def preset_path(name: str) -> Path:
+    from r3rag.errors import ConfigError
+
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml"):
+        if not p.is_file():
+            raise ConfigError(f"--preset {name}: file not found")
+        return p
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(x.stem for x in PRESET_DIR.glob("*.yaml"))
+        raise ConfigError(f"--preset {name!r}: no such preset; choose one of {', '.join(names)} or give a YAML path")
+    return path
 
 
-def main() -> int:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", default="runs/quickstart", help="working folder (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="world seed (default: %(default)s)")
-    parser.add_argument("--size", default="small", help="world size: small|medium|large (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=32,
-                        help="evaluate the first N dev questions (default: %(default)s; 0 = all)")
-    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                        help="comma-separated methods (default: %(default)s; also: ircot)")
-    parser.add_argument("--model", default="smollm2", help="policy model (default: the packaged SmolLM2-135M-Instruct)")
-    parser.add_argument("--config", default=_default_config(), help="evaluation config (default: %(default)s)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override an evaluation config value (repeatable)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    args = parser.parse_args()
+def build_parser() -> ArgumentParser:
+    import argparse
 
+    p = ArgumentParser(prog="python -m r3rag.quickstart", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="full", help="full | fast | prompted | a YAML path (default: %(default)s)")
+    p.add_argument("--fast", action="store_true", help="the fast preset (same as --preset fast)")
+    p.add_argument("--stages", default=None,
+                   help="stages to run: a comma list (eval,report) or a range (world-sft); default: the preset's")
+    p.add_argument("--redo", default="", help="comma list of stages to redo from scratch (and every stage after them)")
+    p.add_argument("--work", default=None, help="working folder (default: the preset's, runs/quickstart)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a preset value, e.g. --set world.seed=1 --set eval.limit=100 (repeatable)")
+    p.add_argument("--seed", type=int, default=None, help="world seed (same as --set world.seed=N)")
+    p.add_argument("--size", default=None, help="world size (same as --set world.size=SIZE)")
+    p.add_argument("--limit", type=int, default=None, help="held-out questions (same as --set eval.limit=N; 0 = all)")
+    p.add_argument("--methods", default=None, help="prompted base methods, comma-separated (eval.base_methods)")
+    p.add_argument("--model", default=None, help="base model (model.base): 'smollm2', a folder or a .gguf")
+    p.add_argument("--threads", type=int, default=None, help="torch threads in this process")
+    p.add_argument("--require-claims", action="store_true", help=f"exit {EXIT_CLAIMS} unless SFT > base and RL > SFT")
+    return p
+
+
+def load_quickstart_config(args) -> "object":  # noqa: ANN001 - argparse namespace
     from r3rag.config import load_config
-    from r3rag.evaluation.compare import compare_runs
-    from r3rag.evaluation.components import world_index
-    from r3rag.evaluation.config import EvaluationConfig
-    from r3rag.evaluation.datasets import ensure_world
-    from r3rag.evaluation.methods import check_method
-    from r3rag.evaluation.runner import run_evaluation
-    from r3rag.retrieval.service import serve_in_thread
+    from r3rag.pipeline.config import QuickstartConfig
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        check_method(m)
+    overrides = []
+    if args.work:
+        overrides.append(f"work={args.work}")
+    if args.seed is not None:
+        overrides.append(f"world.seed={args.seed}")
+    if args.size:
+        overrides.append(f"world.size={args.size}")
+    if args.limit is not None:
+        overrides.append(f"eval.limit={args.limit if args.limit > 0 else 'null'}")
+    if args.methods:
+        overrides.append(f"eval.base_methods=[{args.methods}]")
+    if args.model:
+        overrides.append(f"model.base={args.model}")
     if args.threads:
+        overrides.append(f"model.threads={args.threads}")
+    if args.require_claims:
+        overrides.append("report.require_claims=true")
+    return load_config(QuickstartConfig, preset_path("fast" if args.fast else args.preset), [*overrides, *args.overrides])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from r3rag.evaluation.methods import check_method
+    from r3rag.pipeline.runner import Context, StageUnusable, run_pipeline
+    from r3rag.pipeline.stages import build_stages, parse_stages
+
+    cfg = load_quickstart_config(args)
+    for m in [*cfg.eval.base_methods, *cfg.eval.extra_methods, cfg.eval.trained_method]:
+        check_method(m)
+    wanted = parse_stages(args.stages) if args.stages else parse_stages(",".join(cfg.stages))
+    redo = parse_stages(args.redo) if args.redo else []
+    if cfg.model.threads:
         import torch
 
-        torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    work = Path(args.work)
-    world = ensure_world(work / "world", seed=args.seed, size=args.size)
-    n_dev = sum(1 for line in (world / "dev.jsonl").open(encoding="utf-8") if line.strip())
-    print(f"[1/5] world: {world} (seed {args.seed}, size {args.size}, {n_dev} dev questions)")
-    index = world_index(world, show_progress=False)
-    print(f"[2/5] BM25 index: {index}")
-    handle = serve_in_thread([index], bm25_backend="numpy")  # a 2k-passage world needs no numba compile
+        torch.set_num_threads(cfg.model.threads)
+    ctx = Context(cfg=cfg, work=Path(cfg.work), repo_root=_REPO_ROOT)
+    print(f"r3rag quickstart: preset {cfg.preset}, work {cfg.work}, stages {', '.join(wanted)}", flush=True)
     try:
-        print(f"[3/5] retrieval service: {handle.url}")
-        limit = args.limit if args.limit and args.limit < n_dev else None
-        subset = f"the first {limit} of {n_dev} dev questions (a subset, for time)" if limit else f"all {n_dev} dev questions"
-        print(f"[4/5] evaluating {', '.join(methods)} on {subset}")
-        run_dirs = []
-        for m in methods:
-            overrides = [f"dataset.world_dir={world}", f"dataset.world_seed={args.seed}", f"dataset.world_size={args.size}",
-                         "dataset.name=world", "dataset.split=dev", f"retriever.urls=[{handle.url}]",
-                         f"method.name={m}", f"model.path={args.model}", *args.overrides]
-            if limit:
-                overrides.append(f"dataset.limit={limit}")
-            cfg = load_config(EvaluationConfig, args.config, overrides)
-            t0 = time.perf_counter()
-            outcome = run_evaluation(cfg, work / "eval" / m)
-            metrics = outcome.results.get("metrics", {})
-            print(f"      {m}: cover-EM {metrics.get('cover_em', 0.0):.1f}, EM {metrics.get('em', 0.0):.1f} "
-                  f"({outcome.new} new, {outcome.skipped} reused, {time.perf_counter() - t0:.0f} s)")
-            run_dirs.append(work / "eval" / m)
-        report = work / "report"
-        table = compare_runs(run_dirs, report)
-    finally:
-        handle.stop()
-    print(f"[5/5] report: {report}/compare.md, compare.csv, compare.png; per-method reports in {work / 'eval'}")
+        run_pipeline(ctx, build_stages(cfg), wanted, redo=redo)
+    except StageUnusable as err:
+        again = f" (fix the cause, then rerun with --redo {err.stage})" if err.stage else ""
+        print(f"error: a stage produced nothing usable: {err}{again}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    report = ctx.outputs.get("report")
+    if report is None:
+        return 0
     print()
-    print(table)
+    print(report["table"])
+    if report["others"]:
+        print("\n".join(report["others"]))
+    if report["diff_table"]:
+        print()
+        print(report["diff_table"])
     print()
-    print(f"Evaluated on {subset}; 95% bootstrap intervals in brackets. Total {time.perf_counter() - start:.0f} s.")
+    for c in report["claims"]:
+        print(c["text"])
+    if cfg.report.fast_note:
+        print(f"(fast preset: {report['n']} held-out questions, so the intervals are wider than the full preset's)")
+    print(f"report: {Path(cfg.work) / 'report' / 'quickstart.md'}")
+    if report.get("checkpoint"):
+        print(f"demo with the trained model: bash startup/startup_visualize.sh --model {report['checkpoint']}")
+    if cfg.report.require_claims and not all(c["holds"] for c in report["claims"]):
+        print("error: the learning claims did not all hold (see above)", file=sys.stderr)
+        return EXIT_CLAIMS
     return 0
 
 

@@ -18,7 +18,7 @@ SCRIPTS = [
     ["tool/retrieval_server.py"],
     ["tool/prepare_wiki_corpus.py"],
     ["-m", "r3rag.quickstart"],
-    ["-m", "r3rag.rollout.oracle_eval"],
+    ["benchmark/oracle_eval.py"],
 ]
 
 

@@ -96,13 +96,13 @@ def test_bootstrap_interval_brackets_mean_and_is_deterministic():
 
 def test_prediction_row_from_trajectory():
     q = Question("a", "Who?", ["Ann Lee", "A. Lee"], {"hops": 2, "type": "bridge", "decomposition": [1, 2]})
-    t = Trajectory("a", "Who?", "r3rag_steps", steps=[Step(0, query="who"), Step(1, query="who else"),
+    t = Trajectory("a", "Who?", "r3rag_steps", steps=[Step(0, query="who", retrieved=True), Step(1, query="who else", retrieved=True),
                                                        Step(2, answer="the Ann Lee")], stop_reason="answered")
     r = prediction_row(7, q, t, "squad")
     assert (r["index"], r["prediction"], r["answer_step"], r["num_steps"], r["num_retrievals"]) == (7, "the Ann Lee", 3, 3, 2)
     assert r["scores"] == {"em": 1.0, "f1": 1.0, "cover_em": 1.0, "acc": 1.0}
     assert r["metadata"] == {"hops": 2, "type": "bridge"}
-    t2 = Trajectory("a", "Who?", "r3rag_steps", steps=[Step(0, query="who")], stop_reason="max_steps")
+    t2 = Trajectory("a", "Who?", "r3rag_steps", steps=[Step(0, query="who", retrieved=True)], stop_reason="max_steps")
     r2 = prediction_row(0, q, t2, "squad")
     assert r2["prediction"] == "" and r2["answer_step"] is None and r2["scores"]["f1"] == 0.0
 

@@ -28,7 +28,7 @@ def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, repo_root):
     # batch size 1: no padding, so greedy outputs cannot depend on which questions share a batch
     sets = [f"dataset.world_dir={world}", f"dataset.limit={N}", "run.batch_size=1", "run.bootstrap=100",
             "rollout.max_turn_tokens=64"]
-    cli = [sys.executable, str(repo_root / "benchmark" / "evaluate.py"), "run", "--method", "r3rag",
+    cli = [sys.executable, str(repo_root / "benchmark" / "evaluate.py"), "run", "--method", "r3rag_steps",
            "--model", str(model), "--no-progress"] + [a for s in sets for a in ("--set", s)]
     killed = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo_root)}
@@ -53,7 +53,7 @@ def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, repo_root):
     assert 3 <= done_before < N
     assert not (killed / "results.json").exists()
 
-    cfg = load_config(EvaluationConfig, None, sets + ["method.name=r3rag", f"model.path={model}", "run.progress=false"])
+    cfg = load_config(EvaluationConfig, None, sets + ["method.name=r3rag_steps", f"model.path={model}", "run.progress=false"])
     resumed = run_evaluation(cfg, killed)
     assert (resumed.new, resumed.skipped) == (N - done_before, done_before)
     rows = load_rows(preds)

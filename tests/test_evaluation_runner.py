@@ -101,7 +101,7 @@ def test_two_shards_merged_equal_one_unsharded_run(world, oracle_run, tmp_path):
 
 
 def test_out_folder_of_another_run_is_refused(world, oracle_run):
-    with pytest.raises(ConfigError, match="holds a run with method='oracle'"):
+    with pytest.raises(ConfigError, match="holds a run with method.name='oracle', not 'direct'"):
         run_evaluation(config(world, "method.name=direct"), oracle_run.out_dir)
 
 
@@ -120,7 +120,7 @@ def test_bad_dataset_line_fails_before_any_model_is_loaded(tmp_path, monkeypatch
     with pytest.raises(DataError, match=r"bad\.jsonl:3: 'question' must be a non-empty string"):
         run_evaluation(cfg, tmp_path / "out")
     r = subprocess.run([sys.executable, str(repo_root / "benchmark" / "evaluate.py"), "run", "--dataset", str(bad),
-                        "--method", "r3rag", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "o2")],
+                        "--method", "r3rag_steps", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "o2")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad.jsonl:3:" in r.stderr, r.stderr
 

@@ -23,7 +23,7 @@ def test_smollm2_rag_and_step_format_on_two_world_questions(tmp_path, repo_root)
 
     torch.set_num_threads(1)
     world = ensure_world(tmp_path / "world")
-    for method in ("rag", "r3rag"):
+    for method in ("rag", "r3rag_steps"):
         cfg = load_config(EvaluationConfig, repo_root / "configs" / "evaluate" / "embedded-cpu.yaml", [
             f"dataset.world_dir={world}", "dataset.limit=2", f"method.name={method}", "run.progress=false",
             "run.bootstrap=0", "rollout.max_turn_tokens=48", "rollout.max_steps=2", "method.answer_max_tokens=24"])

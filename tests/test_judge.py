@@ -155,7 +155,7 @@ def r3(answer: str, docs: list[Passage]) -> Trajectory:
              raw="The problem analysis: need mayor\nThe retrieval query: mayor of Harrow"),
         Step(1, analysis="done", answer=answer, raw=f"The problem analysis: done\nThe final answer: {answer}"),
     ]
-    return Trajectory("w", "Who is the mayor of Harrow?", "r3rag", steps=steps, golden_answers=["Ora Lind"])
+    return Trajectory("w", "Who is the mayor of Harrow?", "r3rag_steps", steps=steps, golden_answers=["Ora Lind"])
 
 
 DOCS = [Passage("p1", "Harrow\nThe mayor of Harrow is Ora Lind.")]

@@ -22,7 +22,7 @@ from r3rag.rollout.trajectory import Step, Trajectory
 
 
 def traj(*steps: Step, golds: list[str] | None = None, meta: dict | None = None) -> Trajectory:
-    return Trajectory("q", "?", "r3rag", steps=list(steps), golden_answers=golds or ["Ora Lind"], metadata=meta or {})
+    return Trajectory("q", "?", "r3rag_steps", steps=list(steps), golden_answers=golds or ["Ora Lind"], metadata=meta or {})
 
 
 @pytest.mark.parametrize(
@@ -59,13 +59,13 @@ def test_r1searcher_normalisation_reads_true_as_yes() -> None:
 
 
 def test_correctness_by_rule_without_judge() -> None:
-    batch = [traj(Step(0, answer="Ora Lind")), traj(Step(0, answer="Ari")), traj(Step(0, query="x"))]
+    batch = [traj(Step(0, answer="Ora Lind")), traj(Step(0, answer="Ari")), traj(Step(0, query="x", retrieved=True))]
     out = correctness(batch, AnswerConfig(metric="em", judge_fallback=True), judge=None)
     assert [(c.value, c.source) for c in out] == [(1.0, "rule"), (0.0, "rule"), (0.0, "no_answer")]
 
 
 def test_retrieval_reward_penalties() -> None:
-    t = traj(Step(0, query="Vell"), Step(1, query="vell?"), Step(2, query="Harrow"), Step(3, query="Vell"), Step(4, query="  "))
+    t = traj(Step(0, query="Vell", retrieved=True), Step(1, query="vell?", retrieved=True), Step(2, query="Harrow", retrieved=True), Step(3, query="Vell", retrieved=True), Step(4, query="  ", retrieved=True))
     assert repeated_queries(t) == 2
     assert retrieved_at_least_once([t, traj(Step(0, answer="a"))]) == [1.0, 0.0]
     cfg = RetrievalConfig(repeat_penalty=0.1, budget=2, over_budget_penalty=0.25)
@@ -79,8 +79,8 @@ def P(*ids: str) -> list[Passage]:
 def test_gold_relevance_modes_hand_worked() -> None:
     meta = {"decomposition": [{"question": "a", "answer": "b", "supporting_ids": ["g1"]},
                               {"question": "c", "answer": "d", "supporting_ids": ["g2", "g3"]}]}
-    t = traj(Step(0, query="a", documents=P("g1", "g2")), Step(1, query="b", documents=[]),
-             Step(2, query="c", documents=P("g2", "x")), Step(3, query="d", documents=P("g3")), Step(4, answer="z"), meta=meta)
+    t = traj(Step(0, query="a", documents=P("g1", "g2"), retrieved=True), Step(1, query="b", documents=[], retrieved=True),
+             Step(2, query="c", documents=P("g2", "x"), retrieved=True), Step(3, query="d", documents=P("g3"), retrieved=True), Step(4, answer="z"), meta=meta)
     assert supporting_ids(t) == {"g1", "g2", "g3"}
     assert gold_relevance(t, "new_hit") == [1.0, 0.0, 0.0, 1.0, None]
     recall = gold_relevance(t, "recall")
@@ -97,8 +97,8 @@ def test_process_source_off_from_command_line_string() -> None:
 def test_each_component_alone_returns_reward_objects() -> None:
     from r3rag.rewards import RewardConfig, component_rewards
 
-    t = traj(Step(0, query="a", documents=P("g1"), raw="The problem analysis: x\nThe retrieval query: a"),
-             Step(1, query="b", documents=P("x"), raw="The retrieval query: b"),
+    t = traj(Step(0, query="a", documents=P("g1"), raw="The problem analysis: x\nThe retrieval query: a", retrieved=True),
+             Step(1, query="b", documents=P("x"), raw="The retrieval query: b", retrieved=True),
              Step(2, answer="Ora Lind", raw="The problem analysis: y\nThe final answer: Ora Lind"),
              meta={"supporting_ids": ["g1"]})
     cfg = RewardConfig(answer=AnswerConfig(metric="f1"))
@@ -113,6 +113,6 @@ def test_judge_relevance_without_a_judge_is_missing_not_gold() -> None:
     from r3rag.rewards.context import ScoringContext
     from r3rag.rewards import RewardConfig
 
-    t = traj(Step(0, query="a", documents=P("g1")), Step(1, answer="x"), meta={"supporting_ids": ["g1"]})
+    t = traj(Step(0, query="a", documents=P("g1"), retrieved=True), Step(1, answer="x"), meta={"supporting_ids": ["g1"]})
     ctx = ScoringContext([t], RewardConfig(process=ProcessConfig(source="judge")), judge=None)
     assert ctx.relevance[0].values == [0.0, None] and ctx.relevance[0].missing == ["process:no_judge"]

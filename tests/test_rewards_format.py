@@ -54,13 +54,13 @@ def test_r3rag_trajectory_violations_are_attached_to_steps() -> None:
         Step(2, analysis="c", answer="x", raw="The problem analysis: c\nThe final answer: x"),
         Step(3, analysis="d", answer="y", raw="The problem analysis: d\nThe final answer: y"),
     ]
-    t = Trajectory("q", "?", "r3rag", steps=steps)
+    t = Trajectory("q", "?", "r3rag_steps", steps=steps)
     assert [str(v) for v in format_violations(t, CFG)] == ["step2:missing_analysis", "step4:step_after_answer"]
-    assert [str(v) for v in format_violations(Trajectory("q", "?", "r3rag"), CFG)] == ["no_steps"]
+    assert [str(v) for v in format_violations(Trajectory("q", "?", "r3rag_steps"), CFG)] == ["no_steps"]
 
 
 def test_parser_reported_error_is_named() -> None:
-    t = Trajectory("q", "?", "r3rag", steps=[Step(0, raw="The problem analysis: a\nThe retrieval query: q", format_error="repetition")])
+    t = Trajectory("q", "?", "r3rag_steps", steps=[Step(0, raw="The problem analysis: a\nThe retrieval query: q", format_error="repetition")])
     assert [str(v) for v in format_violations(t, CFG)] == ["step1:parser_repetition"]
 
 
@@ -71,7 +71,7 @@ def test_r3rag_steps_fall_back_to_model_segments_when_raw_is_empty() -> None:
         Segment("env", "\nThe retrieval documents: ...", []),
         Segment("model", "The final answer: x", []),
     ]
-    t = Trajectory("q", "?", "r3rag", segments=segs, steps=[Step(0, query="q"), Step(1, answer="x")])
+    t = Trajectory("q", "?", "r3rag_steps", segments=segs, steps=[Step(0, query="q"), Step(1, answer="x")])
     assert [str(v) for v in format_violations(t, CFG)] == ["step2:missing_analysis"]
 
 
@@ -109,14 +109,14 @@ def test_r1searcher_reads_only_model_segments() -> None:
         Segment("env", "<|begin_of_documents|>\n(1)Vell\nOra Lind is mayor<|end_of_documents|>", []),
         Segment("model", "</think><answer>Ora Lind</answer>", []),
     ]
-    t = Trajectory("q", "?", "r1searcher", segments=segs)
+    t = Trajectory("q", "?", "r1searcher_tags", segments=segs)
     assert format_violations(t, CFG10) == []
     assert format_validity([t], CFG10) == [1.0]
 
 
 def test_require_think_and_unknown_format() -> None:
     assert r1searcher_violations("<answer>A</answer>", FormatConfig(require_think=True)) == ["no_think"]
-    with pytest.raises(ValueError, match="no format rules"):
+    with pytest.raises(ValueError, match="unknown trajectory format 'search-r1'"):
         format_violations(Trajectory("q", "?", "search-r1"), CFG)
 
 

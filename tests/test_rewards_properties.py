@@ -31,7 +31,7 @@ def r3rag_trajs(draw: st.DrawFn) -> Trajectory:
             break
         raw = ("" if broken else "The problem analysis: a\n") + "The retrieval query: q"
         steps.append(Step(k, query="q", documents=[Passage(i, "t\nx") for i in ids], raw=raw))
-    return Trajectory("q", "?", "r3rag", steps=steps, golden_answers=["Ora Lind"], metadata={"supporting_ids": ["g1", "g2"]})
+    return Trajectory("q", "?", "r3rag_steps", steps=steps, golden_answers=["Ora Lind"], metadata={"supporting_ids": ["g1", "g2"]})
 
 
 @st.composite
@@ -41,7 +41,7 @@ def r1_trajs(draw: st.DrawFn) -> Trajectory:
     text = "".join(pieces)
     queries = draw(st.integers(0, 3))
     steps = [Step(i, query="q") for i in range(queries)] + [Step(queries, answer=draw(st.sampled_from(NAMES)))]
-    return Trajectory("q", "?", "r1searcher", segments=[Segment("model", text, [])], steps=steps, golden_answers=["Ora Lind"])
+    return Trajectory("q", "?", "r1searcher_tags", segments=[Segment("model", text, [])], steps=steps, golden_answers=["Ora Lind"])
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ def docs(*ids: str) -> list[Passage]:
 
 def q(i: int, query: str, ids: tuple[str, ...] = (), raw: str | None = None) -> Step:
     raw = raw if raw is not None else f"Step {i + 1}:\nThe problem analysis: need more.\nThe retrieval query: {query}"
-    return Step(i, analysis="need more.", query=query, documents=docs(*ids), raw=raw)
+    return Step(i, analysis="need more.", query=query, documents=docs(*ids), raw=raw, retrieved=True)
 
 
 def a(i: int, answer: str, raw: str | None = None) -> Step:
@@ -36,7 +36,7 @@ def a(i: int, answer: str, raw: str | None = None) -> Step:
 
 
 def r3(*steps: Step, stop: str = "answered") -> Trajectory:
-    return Trajectory("w1", "Who is the mayor of the town where Vell was born?", "r3rag", steps=list(steps),
+    return Trajectory("w1", "Who is the mayor of the town where Vell was born?", "r3rag_steps", steps=list(steps),
                       stop_reason=stop, golden_answers=GOLD, metadata=dict(META))
 
 
@@ -135,10 +135,10 @@ def r1(*model_turns: str, queries: tuple[str, ...] = ("Vell birthplace",), answe
         if i:
             segs.append(Segment("env", DOCS, []))
         segs.append(Segment("model", text, []))
-    steps = [Step(i, query=qq, documents=docs("d")) for i, qq in enumerate(queries)]
+    steps = [Step(i, query=qq, documents=docs("d"), retrieved=True) for i, qq in enumerate(queries)]
     if answer is not None:
         steps.append(Step(len(steps), answer=answer))
-    return Trajectory("w1", "Who is the mayor ...?", "r1searcher", segments=segs, steps=steps, golden_answers=GOLD)
+    return Trajectory("w1", "Who is the mayor ...?", "r1searcher_tags", segments=segs, steps=steps, golden_answers=GOLD)
 
 
 LONG = "the mayor is surely Ora Lind of Harrow town as records show"  # 11 words

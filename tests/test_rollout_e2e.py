@@ -20,7 +20,7 @@ from r3rag.rollout.config import RolloutConfig
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.formats import get_format
 from r3rag.rollout.oracle import OracleBackend
-from r3rag.rollout.oracle_eval import prepare_world
+from r3rag.evaluation.components import prepare_world
 from r3rag.rollout.tokens import decode
 from r3rag.rollout.trajectory import STOP_REASONS
 

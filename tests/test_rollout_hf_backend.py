@@ -33,14 +33,60 @@ def test_batched_greedy_equals_one_at_a_time(backend):
     assert all(len(o.token_ids) == 12 and o.finish_reason == "length" for o in batch)
 
 
-def test_logprobs_match_a_full_forward_pass(backend):
-    out = backend.generate_batch([req(PROMPTS[1], max_tokens=8, temperature=1.0, seed=5)])[0]
+@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (1.0, 1.0), (0.7, 1.0), (0.7, 0.8)])
+def test_logprobs_are_of_the_distribution_sampled_from(backend, temperature, top_p):
+    """Log-probs under softmax(logits / T), renormalised over the top-p nucleus; greedy: raw."""
+    out = backend.generate_batch([req(PROMPTS[1], max_tokens=8, temperature=temperature, top_p=top_p, seed=5)])[0]
     prompt = encode(tiny_tokenizer(), PROMPTS[1])
     ids = torch.tensor([prompt + out.token_ids])
     with torch.no_grad():
-        logp = torch.log_softmax(backend.model(input_ids=ids).logits[0].float(), -1)
-    expected = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(out.token_ids)]
+        logits = backend.model(input_ids=ids).logits[0].float()  # (T, V)
+    expected = []
+    for i, t in enumerate(out.token_ids):
+        row = logits[len(prompt) - 1 + i]
+        if temperature <= 0:
+            expected.append(float(torch.log_softmax(row, -1)[t]))
+            continue
+        p = torch.softmax(row / temperature, -1)
+        sp, order = torch.sort(p, descending=True)
+        keep = order[(torch.cumsum(sp, -1) - sp) < top_p]  # the nucleus
+        assert t in keep.tolist()  # never sampled outside it
+        expected.append(float(torch.log(p[t] / p[keep].sum())))
     assert out.logprobs == pytest.approx(expected, abs=1e-4)
+    if temperature == 0.7:  # the scaled distribution differs from the raw one: a real check
+        raw = [float(torch.log_softmax(logits[len(prompt) - 1 + i], -1)[t]) for i, t in enumerate(out.token_ids)]
+        assert out.logprobs != pytest.approx(raw, abs=1e-3)
+
+
+def test_update_weights_loads_them_and_drops_every_cache():
+    import copy
+
+    from r3rag.rollout.backends.shared_prefix import SENTINELS  # noqa: F401 - the shared-prefix store is exercised below
+
+    tok = tiny_tokenizer()
+    model = copy.deepcopy(tiny_model())
+    b = HFBackend(model, tok, shared_prefix_tokens=2)
+    text = PROMPTS[1]
+    first = b.generate_batch([GenerationRequest(encode(tok, text), text, SamplingParams(max_tokens=6), shared_prefix=4)])[0]
+    assert b._kv and len(b.shared) > 0  # a turn prefix and a shared prompt prefix are cached
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    b.update_weights(new)
+    assert not b._kv and len(b.shared) == 0 and b.weight_version == 1
+    assert torch.equal(model.state_dict()["lm_head.weight"], new["lm_head.weight"])
+    again = b.generate_batch([GenerationRequest(encode(tok, text), text, SamplingParams(max_tokens=6), shared_prefix=4)])[0]
+    assert again.logprobs != pytest.approx(first.logprobs, abs=1e-4)  # computed with the new weights
+    # in place (a trainer sharing the model object): None just drops the caches
+    b.update_weights(None)
+    assert not b._kv and b.weight_version == 2
+
+
+def test_remote_backend_refuses_weight_updates():
+    from r3rag.rollout.backends.base import WeightUpdateError
+    from r3rag.rollout.backends.openai_compat import OpenAICompatBackend
+
+    b = OpenAICompatBackend("http://127.0.0.1:9", "m", tiny_tokenizer())
+    with pytest.raises(WeightUpdateError, match="cannot update"):
+        b.update_weights({})
 
 
 def test_stop_string_kept_and_output_is_a_prefix(backend):

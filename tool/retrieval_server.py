@@ -2,11 +2,13 @@
 """Serve one or more retrieval indexes over HTTP (FastAPI + uvicorn).
 
 Endpoints: POST /retrieve (Search-R1, verl), POST /search (R3-RAG), POST /queries (R1-Searcher),
-GET /health, GET /stats. Binds 127.0.0.1 unless --host says otherwise.
+GET /health, GET /stats. Binds 127.0.0.1 unless --host says otherwise. Under overload a request
+past --max-queue waiting requests for its index is answered 503 with Retry-After at once.
 
 Examples:
   python tool/retrieval_server.py --index indexes/bm25
   python tool/retrieval_server.py --index bm25=indexes/bm25 --index dense=indexes/minilm --hybrid --port 8001
+  python tool/retrieval_server.py --index indexes/bm25 --max-queue 64 --limit-concurrency 512
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-microbatch", action="store_true", help="search each request alone (for comparison)")
     p.add_argument("--cache-size", type=int, help="LRU cache entries (0 disables)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads for query encoding")
+    p.add_argument("--max-queue", type=int,
+                   help="requests an index may hold (waiting or searched) before answering 503 + Retry-After "
+                        "(default 256; 0 = unbounded)")
+    p.add_argument("--retry-after", type=int, help="seconds in the Retry-After header of those 503s (default 1)")
+    p.add_argument("--limit-concurrency", type=int,
+                   help="uvicorn's cap on connections + in-flight requests; past it every path gets 503 "
+                        "(default 1024; 0 = no cap)")
     add_config_args(p)
     return p.parse_args(argv)
 
@@ -38,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = list(args.overrides)
     for key, value in (("host", args.host), ("port", args.port), ("reranker", args.reranker),
-                       ("cache_size", args.cache_size), ("torch_threads", args.torch_threads)):
+                       ("cache_size", args.cache_size), ("torch_threads", args.torch_threads),
+                       ("max_queue", args.max_queue), ("retry_after_s", args.retry_after),
+                       ("limit_concurrency", args.limit_concurrency)):
         if value is not None:
             overrides.append(f"{key}={value}")
     if args.hybrid:
@@ -57,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
     app = create_app(load_searchers(args.index, cfg), cfg)
     print(f"serving {', '.join(app.state.runtime.searchers)} on http://{cfg.host}:{cfg.port}", flush=True)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False, backlog=2048)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False, backlog=2048,
+                limit_concurrency=cfg.limit_concurrency or None)
     return 0
 
 

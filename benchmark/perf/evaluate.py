@@ -43,7 +43,7 @@ def main() -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny random model and 4 questions (seconds)")
     p.add_argument("--model", default="smollm2", help="policy model (default: %(default)s)")
-    p.add_argument("--method", default="r3rag", help="evaluation method (default: %(default)s)")
+    p.add_argument("--method", default="r3rag_steps", help="evaluation method (default: %(default)s)")
     p.add_argument("--questions", type=int, default=32, help="dev questions (default: %(default)s)")
     p.add_argument("--batch", type=int, default=32, help="questions per engine call when batched (default: %(default)s)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),

@@ -55,7 +55,7 @@ def synth_r3rag(rng: random.Random, i: int) -> Trajectory:
     if rng.random() < 0.85:
         ans = gold if rng.random() < 0.5 else rng.choice(NAMES)
         steps.append(Step(len(steps), analysis="known.", answer=ans, raw=f"Step {len(steps) + 1}:\nThe problem analysis: known.\nThe final answer: {ans}"))
-    return Trajectory(f"q{i}", "Who?", "r3rag", steps=steps, golden_answers=[gold],
+    return Trajectory(f"q{i}", "Who?", "r3rag_steps", steps=steps, golden_answers=[gold],
                       metadata={"supporting_ids": [f"p{rng.randint(0, 50)}", f"p{rng.randint(0, 50)}"]})
 
 
@@ -76,7 +76,7 @@ def synth_r1(rng: random.Random, i: int) -> Trajectory:
     text += f"</think>\n<answer>{ans}</answer>{tail}"
     segs.append(Segment("model", text, []))
     steps.append(Step(len(steps), answer=ans))
-    return Trajectory(f"q{i}", "Who?", "r1searcher", segments=segs, steps=steps, golden_answers=[gold])
+    return Trajectory(f"q{i}", "Who?", "r1searcher_tags", segments=segs, steps=steps, golden_answers=[gold])
 
 
 def throughput(n: int, batch: int, recipe_dir: Path, seed: int) -> dict[str, float]:

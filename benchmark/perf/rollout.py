@@ -136,7 +136,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from r3rag.data.readers import read_questions
     from r3rag.retrieval.service import serve_in_thread
-    from r3rag.rollout.oracle_eval import prepare_world
+    from r3rag.evaluation.components import prepare_world
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="r3rag-bench-rollout-"))
     world, index = prepare_world(work, seed=0, size="small")

@@ -5,6 +5,8 @@ Formats understood (detected per line, so a file may not mix them):
 ``flashrag``    ``{"id", "question", "golden_answers": [str], "metadata"?: {...}}``
 ``r1searcher``  ``{"idx", "question", "answer": str | [str]}`` (R1-Searcher's eval and RL files)
 corpus          ``{"id", "contents": "title\\ntext"}`` (FlashRAG corpus convention)
+facts           ``{"subject", "subject_name", "relation", "object", "value", "passage_id"}`` (the
+                embedded world's relation table, ``facts.jsonl``; ``object`` is null for literals)
 
 Every problem is reported as ``file:line: what is wrong``; the readers stop at the first one
 with :class:`r3rag.errors.DataError` (``data/validate.py`` lists them all), so a bad line
@@ -14,6 +16,7 @@ fails before any model is loaded, not deep inside a later stage.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -69,7 +72,31 @@ def _check_passage(obj: Any) -> tuple[Passage | None, str | None]:
     return Passage(id=str(pid), contents=contents), None
 
 
-CHECKS = {"questions": _check_question, "corpus": _check_passage}
+@dataclass
+class FactRecord:
+    """One row of the world's relation table; ``id`` (subject:relation) is unique per file."""
+
+    id: str
+    passage_id: str
+
+
+def _check_fact(obj: Any) -> tuple[FactRecord | None, str | None]:
+    if not isinstance(obj, dict):
+        return None, f"expected a JSON object, got {type(obj).__name__}"
+    for key in ("subject", "relation", "value", "passage_id"):
+        v = obj.get(key)
+        if not isinstance(v, str) or not v.strip():
+            return None, f"'{key}' must be a non-empty string"
+    if not isinstance(obj.get("subject_name", ""), str):
+        return None, "'subject_name' must be a string"
+    if obj.get("object") is not None and (not isinstance(obj["object"], str) or not obj["object"].strip()):
+        return None, "'object' must be an entity id or null"
+    return FactRecord(id=f"{obj['subject']}:{obj['relation']}", passage_id=obj["passage_id"]), None
+
+
+CHECKS = {"questions": _check_question, "corpus": _check_passage, "facts": _check_fact}
+#: every kind ``data/validate.py --kind`` accepts
+KINDS = tuple(CHECKS)
 
 
 def _scan(path: Path, kind: str) -> Iterator[tuple[str, Any, str | None]]:
@@ -99,8 +126,9 @@ def _scan(path: Path, kind: str) -> Iterator[tuple[str, Any, str | None]]:
             yield where, (None if problem else record), problem
 
 
-def iter_problems(path: str | Path, kind: str) -> Iterator[str]:
-    """Every problem in a JSONL file as ``file:line: problem`` (empty when the file is fine)."""
+def iter_problems(path: str | Path, kind: str, allow_empty: bool = False) -> Iterator[str]:
+    """Every problem in a JSONL file as ``file:line: problem`` (empty when the file is fine); a file
+    with no records is a problem unless ``allow_empty`` (a world split may legitimately be empty)."""
     path = Path(path)
     if not path.is_file():
         yield f"{path}: file not found"
@@ -110,7 +138,7 @@ def iter_problems(path: str | Path, kind: str) -> Iterator[str]:
         n += 1
         if problem:
             yield f"{where}: {problem}"
-    if n == 0:
+    if n == 0 and not allow_empty:
         yield f"{path}: no records (the file is empty)"
 
 
@@ -143,8 +171,28 @@ def iter_corpus(path: str | Path) -> Iterator[Passage]:
     return _read(path, "corpus")
 
 
-def detect_kind(path: str | Path) -> str:
-    """``questions`` or ``corpus``, from the first record that parses (``questions`` if none does)."""
+def record_kind(obj: Any) -> str | None:
+    """The kind a record's keys say it is (``questions``, ``corpus`` or ``facts``), or None.
+
+    >>> record_kind({"id": "w1", "contents": "T\\nx"}), record_kind({"subject": "e1", "relation": "born_in"})
+    ('corpus', 'facts')
+    >>> record_kind({"idx": 3, "question": "?", "answer": "x"}), record_kind({"foo": 1})
+    ('questions', None)
+    """
+    if not isinstance(obj, dict):
+        return None
+    if "question" in obj or "golden_answers" in obj or "idx" in obj:
+        return "questions"
+    if "contents" in obj:
+        return "corpus"
+    if "subject" in obj and "relation" in obj:
+        return "facts"
+    return None
+
+
+def detect_kind(path: str | Path) -> str | None:
+    """The kind of the first record that parses (see :func:`record_kind`); ``questions`` for a
+    file with no parseable record (its lines are then reported), None for a record of no known kind."""
     with Path(path).open("rb") as fh:
         for raw in fh:
             try:
@@ -152,7 +200,7 @@ def detect_kind(path: str | Path) -> str:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
             if isinstance(obj, dict):
-                return "corpus" if "contents" in obj and "question" not in obj else "questions"
+                return record_kind(obj)
     return "questions"
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import Any, Callable
 
 import httpx
@@ -20,8 +19,11 @@ from r3rag.data.records import Question
 from r3rag.demo.config import PolicySection
 from r3rag.errors import ConfigError
 from r3rag.rollout.backends.base import PolicyBackend
+from r3rag.rollout.backends.hf_loading import ModelLoadError
+from r3rag.rollout.backends.hf_loading import load_tokenizer as _load_tokenizer
 from r3rag.rollout.backends.registry import get_backend
 from r3rag.rollout.formats.base import TrajectoryFormat
+from r3rag.rollout.tiny_tokenizer import TINY_TOKENIZER
 
 
 class Policy(ABC):
@@ -103,23 +105,12 @@ class OraclePolicy(Policy):
 
 
 def load_tokenizer(spec: str) -> Any:
-    """A tokenizer from a folder, a hub name, a ``.gguf`` file, ``smollm2`` or ``tiny`` (built-in, tests)."""
-    if spec == "tiny":
-        from r3rag.testing.tiny_models import build_tiny_tokenizer
-
-        return build_tiny_tokenizer()
-    from transformers import AutoTokenizer
-
-    from r3rag.rollout.backends.hf import resolve_model_path
-
-    src = resolve_model_path(spec)
+    """The tokenizer ``policy.tokenizer`` names (:func:`r3rag.rollout.backends.hf_loading.load_tokenizer`:
+    a folder, a hub name, a ``.gguf`` file, ``smollm2`` or ``tiny``), errors prefixed with the key."""
     try:
-        if src.endswith(".gguf"):
-            p = Path(src)
-            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        return AutoTokenizer.from_pretrained(src)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"policy.tokenizer: cannot load {spec!r} ({str(err).splitlines()[0]})") from None
+        return _load_tokenizer(spec)
+    except ModelLoadError as err:
+        raise ConfigError(f"policy.tokenizer: {err}") from None
 
 
 def _hf_policy(cfg: PolicySection, questions: list[Question]) -> Policy:
@@ -150,7 +141,7 @@ def root_url(base_url: str) -> str:
 def _oracle_policy(cfg: PolicySection, questions: list[Question]) -> Policy:
     if not questions:
         raise ConfigError("policy.backend=oracle needs a dataset (data.dataset) whose questions it follows")
-    return OraclePolicy(questions, load_tokenizer(cfg.tokenizer or "tiny"))
+    return OraclePolicy(questions, load_tokenizer(cfg.tokenizer or TINY_TOKENIZER))
 
 
 POLICIES: dict[str, Callable[[PolicySection, list[Question]], Policy]] = {

@@ -2,7 +2,7 @@
 
 - :mod:`~r3rag.evaluation.config`      ``EvaluationConfig`` (dataset, method, model, retriever, rollout, judge, run)
 - :mod:`~r3rag.evaluation.datasets`    ``--dataset`` -> validated questions (subsets, hub/local copies, world, paths)
-- :mod:`~r3rag.evaluation.methods`     the method registry: direct, rag, ircot, r3rag, r1searcher, oracle
+- :mod:`~r3rag.evaluation.methods`     the method registry: direct, rag, ircot, oracle and every trajectory format (r3rag_steps, r1searcher_tags)
 - :mod:`~r3rag.evaluation.baselines`   the prompted baselines' loop (direct, standard RAG, IRCoT)
 - :mod:`~r3rag.evaluation.runner`      resumable, sharded runs: ``run_evaluation(cfg, out_dir)``
 - :mod:`~r3rag.evaluation.predictions` the fsync'ed predictions JSONL and its crash repair

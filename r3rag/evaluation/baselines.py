@@ -15,7 +15,9 @@ with the tokenizer's chat template when it has one. Each question becomes a
 :class:`~r3rag.rollout.trajectory.Trajectory` like the step formats' (a search with the question
 is step 0, each sentence is a step), so every metric is computed the same way for every method.
 The context only grows (prompt, model sentence, passages, model sentence, ...), so the token
-segments are exact.
+segments are exact. The rounds are the rollout engine's own driver
+(:func:`r3rag.rollout.engine.drive`) over one :class:`BaselineEnv` per question: batching,
+retrieval calls and failure handling are not written twice.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from r3rag.evaluation.config import MethodConfig
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, PolicyBackend, SamplingParams
 from r3rag.rollout.backends.shared_prefix import SENTINELS, shared_prefix_len
 from r3rag.rollout.config import RolloutConfig
+from r3rag.rollout.engine import drive
+from r3rag.rollout.env import trajectory_seed
 from r3rag.rollout.formats.r3rag_steps import render_passage
 from r3rag.rollout.retriever import Retriever
 from r3rag.rollout.tokens import decode, encode
@@ -110,7 +114,8 @@ class PromptedBaseline:
             return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         return f"{self.system}\n\n{user}\n\n"
 
-    def _cut(self, docs: list[Passage], seen: set[str]) -> list[Passage]:
+    def cut(self, docs: list[Passage], seen: set[str]) -> list[Passage]:
+        """Up to ``top_k`` passages not in ``seen`` (which grows), each cut to ``doc_max_chars``."""
         out: list[Passage] = []
         limit = self.rollout.doc_max_chars
         for p in docs:
@@ -122,120 +127,132 @@ class PromptedBaseline:
             out.append(Passage(p.id, p.contents[:limit] if limit else p.contents, p.score))
         return out
 
-    # ---- the loop -------------------------------------------------------------------------------
-    async def arun(self, questions: list[Question]) -> list[Trajectory]:
-        trajs = [
-            Trajectory(str(q.id), q.question, self.name, golden_answers=list(q.golden_answers),
-                       metadata={"method": self.name})
-            for q in questions
-        ]
-        seen: list[set[str]] = [set() for _ in questions]
-        first_docs: list[list[Passage]] = [[] for _ in questions]
-        if self.spec.initial_retrieval:
-            found = await self._search([q.question for q in questions], trajs, self.method.top_k)
-            if found is None:
-                return trajs
-            for i, (q, docs) in enumerate(zip(questions, found)):
-                first_docs[i] = self._cut(docs, seen[i])
-                trajs[i].steps.append(Step(0, query=q.question, documents=first_docs[i]))
-        ctx_ids: list[list[int]] = []
-        ctx_text: list[str] = []
-        for i, q in enumerate(questions):
-            prompt = self.render_prompt(q.question, first_docs[i])
-            ids = encode(self.tokenizer, prompt)
-            trajs[i].segments.append(Segment("prompt", prompt, ids))
-            ctx_ids.append(list(ids))
-            ctx_text.append(prompt)
-        active = list(range(len(questions)))
-        turns = self.method.max_steps if self.spec.iterative else 1
-        stop = ["\n"] if self.spec.iterative else ["\n\n"]
-        for turn in range(turns):
-            if not active:
-                break
-            reqs = [
-                GenerationRequest(ctx_ids[i], ctx_text[i], SamplingParams(
-                    max_tokens=self.method.answer_max_tokens, temperature=self.rollout.temperature,
-                    top_p=self.rollout.top_p, stop=stop, seed=self.rollout.seed + i), shared_prefix=self.shared_prefix)
-                for i in active
-            ]
-            outs = await self.backend.agenerate(reqs)
-            to_search: list[int] = []
-            for i, out in zip(active, outs):
-                text = self._record(trajs[i], out, ctx_ids[i])
-                ctx_text[i] += text
-                if self._parse(trajs[i], text, out, last=turn == turns - 1):
-                    to_search.append(i)
-            if to_search:
-                queries = [trajs[i].steps[-1].query or "" for i in to_search]
-                found = await self._search(queries, [trajs[i] for i in to_search], self.method.top_k + max(len(seen[i]) for i in to_search))
-                if found is not None:
-                    for i, docs in zip(to_search, found):
-                        kept = self._cut(docs, seen[i])
-                        trajs[i].steps[-1].documents = kept
-                        feedback = "\nMore passages:\n" + render_documents(kept) + "\n"
-                        ids = encode(self.tokenizer, feedback)
-                        trajs[i].segments.append(Segment("env", feedback, ids))
-                        ctx_ids[i].extend(ids)
-                        ctx_text[i] += feedback
-                        if len(ctx_ids[i]) >= self.rollout.max_total_tokens:
-                            trajs[i].stop_reason = "max_tokens"
-            active = [i for i in active if trajs[i].stop_reason is None]
-        return trajs
-
-    async def _search(self, queries: list[str], trajs: list[Trajectory], k: int) -> list[list[Passage]] | None:
-        assert self.retriever is not None
-        try:
-            found = await self.retriever.asearch(queries, k)
-            if len(found) != len(queries):
-                raise RuntimeError(f"retriever returned {len(found)} lists for {len(queries)} queries")
-            return found
-        except Exception as err:  # noqa: BLE001 - recorded as a stop reason, like the rollout engine
-            for t in trajs:
-                t.stop_reason = "retrieval_failed"
-                t.metadata["retrieval_error"] = f"{type(err).__name__}: {err}"
-            return None
-
-    def _record(self, traj: Trajectory, out: GenerationOutput, ctx_ids: list[int]) -> str:
-        text = decode(self.tokenizer, out.token_ids) if out.token_ids and out.exact_ids else out.text
-        if out.token_ids:
-            traj.segments.append(Segment("model", text, list(out.token_ids), out.logprobs))
-            ctx_ids.extend(out.token_ids)
-        if out.finish_reason == "error":
-            traj.metadata["backend_error"] = out.error
-        return text
-
-    def _parse(self, traj: Trajectory, text: str, out: GenerationOutput, last: bool) -> bool:
-        """Record the turn as a step; True when its sentence should be searched."""
-        index = len(traj.steps)
-        if out.finish_reason == "error":
-            traj.steps.append(Step(index, raw=text, format_error=f"backend_error: {out.error}"))
-            traj.stop_reason = "format_error"
-            return False
+    # ---- a model turn -----------------------------------------------------------------------------
+    def parse_turn(self, index: int, text: str, out: GenerationOutput, last: bool) -> Step:
+        """One model turn as a step: an answer, an IRCoT sentence to search with (``query``), a
+        last sentence with no answer (neither set), or a ``format_error``."""
         if not self.spec.iterative:
             answer = clean_answer(text, self.eos)
-            traj.steps.append(Step(index, answer=answer or None, raw=text,
-                                   format_error=None if answer else "empty_answer"))
-            traj.stop_reason = "answered" if answer else "format_error"
-            return False
+            return Step(index, answer=answer or None, raw=text, format_error=None if answer else "empty_answer")
         m = ANSWER_MARKER.search(text)
         sentence = clean_answer(text[: m.start()] if m else text, self.eos)
         if m is not None or out.finish_reason == "eos":
             # the marker, or the model ended its turn: its last words are its answer
             answer = clean_answer(text[m.end():], self.eos) if m else sentence
-            traj.steps.append(Step(index, analysis=sentence, answer=answer or None, raw=text,
-                                   format_error=None if answer else "empty_answer"))
-            traj.stop_reason = "answered" if answer else "format_error"
-            return False
+            return Step(index, analysis=sentence, answer=answer or None, raw=text,
+                        format_error=None if answer else "empty_answer")
         if not sentence:
-            traj.steps.append(Step(index, raw=text, format_error="empty_query"))
-            traj.stop_reason = "format_error"
-            return False
+            return Step(index, raw=text, format_error="empty_query")
         if last:
-            traj.steps.append(Step(index, analysis=sentence, raw=text))
-            traj.stop_reason = "max_steps"
-            return False
-        traj.steps.append(Step(index, analysis=sentence, query=sentence, raw=text))
-        return True
+            return Step(index, analysis=sentence, raw=text)
+        return Step(index, analysis=sentence, query=sentence, raw=text)
+
+    # ---- the loop: the engine's round driver over one BaselineEnv per question -------------------
+    async def arun(self, questions: list[Question]) -> list[Trajectory]:
+        envs = [BaselineEnv(self, q) for q in questions]
+        async for _ in drive(envs, self.backend, self.retriever, shared_prefix=self.shared_prefix):
+            pass
+        return [e.trajectory for e in envs]
+
+
+class BaselineEnv:
+    """One question under a prompted baseline's rules, driven by :func:`r3rag.rollout.engine.drive`.
+
+    Standard RAG and IRCoT start with the question waiting for documents (step 0 is that search;
+    the prompt is rendered once its passages arrive); direct answer starts with its prompt. Each
+    model turn is one step: the answer (direct, RAG, or IRCoT's ``So the answer is:``), or for
+    IRCoT a sentence that becomes the next query, whose new passages follow as ``env`` text."""
+
+    def __init__(self, baseline: PromptedBaseline, question: Question) -> None:
+        self.b = baseline
+        self.question = question
+        self.trajectory = Trajectory(str(question.id), question.question, baseline.name,
+                                     golden_answers=list(question.golden_answers), metadata={"method": baseline.name})
+        self.seen: set[str] = set()
+        self.ids: list[int] = []
+        self.text = ""
+        self.turns = 0
+        self.max_turns = baseline.method.max_steps if baseline.spec.iterative else 1
+        self.seed = trajectory_seed(baseline.rollout.seed, str(question.id), 0)
+        self.pending: Step | None = None
+        if baseline.spec.initial_retrieval:
+            self.pending = Step(0, query=question.question)
+            self.trajectory.steps.append(self.pending)
+        else:
+            self._set_prompt([])
+
+    @property
+    def done(self) -> bool:
+        return self.trajectory.stop_reason is not None
+
+    def _set_prompt(self, docs: list[Passage]) -> Segment:
+        prompt = self.b.render_prompt(self.question.question, docs)
+        ids = encode(self.b.tokenizer, prompt)
+        seg = Segment("prompt", prompt, ids)
+        self.trajectory.segments.append(seg)
+        self.ids, self.text = list(ids), prompt
+        return seg
+
+    def request(self, shared_prefix: int = 0) -> GenerationRequest:
+        b = self.b
+        budget = max(0, min(b.method.answer_max_tokens, b.rollout.max_total_tokens - len(self.ids)))
+        params = SamplingParams(max_tokens=budget, temperature=b.rollout.temperature, top_p=b.rollout.top_p,
+                                stop=["\n"] if b.spec.iterative else ["\n\n"], seed=(self.seed * 131 + self.turns) % (2**63 - 1))
+        return GenerationRequest(list(self.ids), self.text, params, shared_prefix=shared_prefix)
+
+    def record_turn(self, out: GenerationOutput) -> Step | None:
+        t = self.trajectory
+        self.turns += 1
+        if not out.exact_ids:
+            t.metadata["exact_ids"] = False
+        if out.finish_reason == "error":
+            t.metadata["backend_error"] = out.error or "unknown backend error"
+            t.stop_reason = "backend_error"
+            return None
+        if not out.token_ids:
+            t.stop_reason = "max_tokens" if out.finish_reason == "length" else "format_error"
+            return None
+        text = decode(self.b.tokenizer, out.token_ids) if out.exact_ids else out.text
+        t.segments.append(Segment("model", text, list(out.token_ids), out.logprobs))
+        self.ids.extend(out.token_ids)
+        self.text += text
+        step = self.b.parse_turn(len(t.steps), text, out, last=self.turns >= self.max_turns)
+        step.segment = len(t.segments) - 1
+        t.steps.append(step)
+        if step.format_error is not None:
+            t.stop_reason = "format_error"
+        elif step.answer is not None:
+            t.stop_reason = "answered"
+        elif step.query is None:
+            t.stop_reason = "max_steps"
+        else:
+            self.pending = step
+            return step
+        return None
+
+    def retrieval_k(self) -> int:
+        return self.b.method.top_k + len(self.seen)
+
+    def insert_documents(self, found: list[Passage]) -> Segment | None:
+        step, self.pending = self.pending, None
+        assert step is not None
+        kept = self.b.cut(found, self.seen)
+        step.documents, step.retrieved = kept, True
+        if not self.trajectory.segments:  # the search with the question, before the first turn
+            return self._set_prompt(kept)
+        feedback = "\nMore passages:\n" + render_documents(kept) + "\n"
+        seg = Segment("env", feedback, encode(self.b.tokenizer, feedback))
+        self.trajectory.segments.append(seg)
+        self.ids.extend(seg.token_ids)
+        self.text += feedback
+        if len(self.ids) >= self.b.rollout.max_total_tokens:
+            self.trajectory.stop_reason = "max_tokens"
+        return seg
+
+    def fail_retrieval(self, error: str) -> None:
+        self.pending = None
+        self.trajectory.stop_reason = "retrieval_failed"
+        self.trajectory.metadata["retrieval_error"] = error
 
 
 BASELINES: dict[str, BaselineSpec] = {

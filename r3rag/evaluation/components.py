@@ -11,8 +11,6 @@ Retrievers, first match wins:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 from r3rag.errors import ConfigError
 from r3rag.evaluation.config import ModelConfig, RetrieverConfig
 from r3rag.evaluation.datasets import ResolvedDataset
@@ -53,23 +51,13 @@ def _load_backend(cfg: ModelConfig) -> PolicyBackend:
         tok_src = cfg.tokenizer or (None if is_url(cfg.path) else cfg.path)
         if tok_src is None:
             raise ConfigError("an OpenAI-compatible model needs model.tokenizer (a local tokenizer folder or .gguf)")
+        from r3rag.rollout.backends.hf_loading import load_tokenizer
+
         return get_backend("openai", base_url=base_url, model=cfg.api_model, tokenizer=load_tokenizer(tok_src))
     if cfg.backend == "hf":
         return get_backend("hf", model=cfg.path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
                            shared_prefix_tokens=cfg.shared_prefix_tokens)
     return get_backend(cfg.backend, model=cfg.path)
-
-
-def load_tokenizer(src: str) -> Any:
-    from transformers import AutoTokenizer
-
-    from r3rag.rollout.backends.hf import resolve_model_path
-
-    src = resolve_model_path(src)
-    if src.endswith(".gguf"):
-        p = Path(src)
-        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    return AutoTokenizer.from_pretrained(src)
 
 
 def world_index(world_dir: str | Path, show_progress: bool = False) -> Path:
@@ -104,3 +92,12 @@ def load_retriever(cfg: RetrieverConfig, dataset: ResolvedDataset) -> Retriever:
     # numba's first BM25 search compiles for ~20 s; numpy is instant and fast enough in-process
     opts = {"backend": cfg.bm25_backend} if read_manifest(Path(index_dir)).method == "bm25" else {}
     return SearcherRetriever(load_searcher(index_dir, **opts))
+
+
+def prepare_world(work: str | Path, seed: int = 0, size: str = "small") -> tuple[Path, Path]:
+    """``(world_dir, bm25_index_dir)`` of the embedded world under ``work/world-SIZE-SEED``, built
+    on first use and reused afterwards (benchmarks and tests that need a world plus its index)."""
+    from r3rag.evaluation.datasets import ensure_world
+
+    world = ensure_world(Path(work) / f"world-{size}-{seed}", seed=seed, size=size)
+    return world, world_index(world)

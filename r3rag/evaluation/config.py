@@ -54,7 +54,7 @@ class RetrieverConfig(Section):
 
 
 class MethodConfig(Section):
-    name: str = Field("r3rag", description="direct | rag | ircot | r3rag | r1searcher | oracle")
+    name: str = Field("r3rag_steps", description="direct | rag | ircot | oracle | a trajectory format: r3rag_steps | r1searcher_tags")
     top_k: int = Field(5, ge=1, description="documents per retrieval for rag and ircot")
     max_steps: int = Field(5, ge=1, description="reasoning sentences (ircot); the step formats use rollout.max_steps")
     answer_max_tokens: int = Field(64, ge=1, description="tokens for a direct/rag answer or one ircot sentence")

@@ -1,7 +1,8 @@
 """Join the shards of a run: ``evaluate.py merge SHARD_DIR... --out DIR``.
 
 Each shard folder holds ``run.json`` (its dataset, method, model, normaliser, dataset size and
-shard) and ``predictions.jsonl``. The shards must agree on everything but the shard, cover every
+shard, and the run's key: every setting that can change predictions) and ``predictions.jsonl``.
+The shards must agree on everything but the shard, cover every
 question position ``0..n_total-1`` exactly once, and then give the same ``results.json`` as one
 unsharded run (the metrics are computed from the rows in dataset order).
 """
@@ -15,6 +16,7 @@ from typing import Any, Sequence
 from r3rag.errors import DataError
 from r3rag.evaluation.predictions import PREDICTIONS, load_rows, write_rows
 from r3rag.evaluation.report import write_report
+from r3rag.evaluation.run_key import key_difference
 from r3rag.evaluation.runner import RESULTS, RUN_INFO, build_results, write_json
 
 SAME = ("dataset", "method", "model", "normalization", "n_total")  # not "source": paths differ across machines
@@ -35,10 +37,16 @@ def merge_runs(shard_dirs: Sequence[str | Path], out: str | Path) -> dict[str, A
     infos = [_info(d) for d in dirs]
     ids = [i["identity"] for i in infos]
     bootstrap, seed = infos[0].get("bootstrap", 1000), infos[0].get("seed", 0)
-    for d, ident in zip(dirs[1:], ids[1:]):
+    for d, ident, info in zip(dirs[1:], ids[1:], infos[1:]):
         for k in SAME:
             if ident[k] != ids[0][k]:
                 raise DataError(f"{d}: {k}={ident[k]!r} differs from {dirs[0]}'s {ids[0][k]!r}")
+        if "config_key" in info and "config_key" in infos[0]:  # every setting but the shard
+            a = {k: v for k, v in infos[0]["config_key"].items() if k != "run.shard"}
+            b = {k: v for k, v in info["config_key"].items() if k != "run.shard"}
+            diff = key_difference(a, b)
+            if diff:
+                raise DataError(f"{d}: ran with other settings than {dirs[0]} ({diff})")
     rows: list[dict[str, Any]] = []
     where: dict[str, Path] = {}
     for d in dirs:

@@ -1,14 +1,16 @@
 """Evaluation methods by name: each turns a batch of questions into trajectories.
 
-=============  ==================================================================================
-``direct``     the model answers from its own knowledge (no retrieval)
-``rag``        standard RAG: top-``k`` passages for the question in the prompt, then one answer
-``ircot``      iterative retrieve-and-reason: each chain-of-thought sentence is the next query
-``r3rag``      R3-RAG's ``Step N:`` format through the rollout engine (trained or prompted models)
-``r1searcher`` R1-Searcher's tag format through the rollout engine
-``oracle``     the embedded world's gold-decomposition policy (no model; needs world questions)
-=============  ==================================================================================
+===================  ============================================================================
+``direct``           the model answers from its own knowledge (no retrieval)
+``rag``              standard RAG: top-``k`` passages for the question in the prompt, then one answer
+``ircot``            iterative retrieve-and-reason: each chain-of-thought sentence is the next query
+``r3rag_steps``      R3-RAG's ``Step N:`` format through the rollout engine (trained or prompted models)
+``r1searcher_tags``  R1-Searcher's tag format through the rollout engine
+``oracle``           the embedded world's gold-decomposition policy (no model; needs world questions)
+===================  ============================================================================
 
+Every registered trajectory format (:mod:`r3rag.rollout.formats.registry`) is a method of the same
+name: a format has one name everywhere (rollout config, trajectories, rewards, evaluation).
 A method is built by :func:`build_method` *after* the dataset has been validated, because
 building one loads the model. Adding a method is one factory in :data:`METHODS`.
 """
@@ -25,6 +27,7 @@ from r3rag.evaluation.components import load_backend, load_retriever
 from r3rag.evaluation.config import EvaluationConfig
 from r3rag.evaluation.datasets import ResolvedDataset
 from r3rag.rollout.engine import RolloutEngine
+from r3rag.rollout.formats import FORMATS
 from r3rag.rollout.trajectory import Trajectory
 
 
@@ -60,7 +63,8 @@ class EngineMethod(Method):
         self.retriever = engine.retriever
 
     async def arun(self, questions: list[Question]) -> list[Trajectory]:
-        trajs = await self.engine.arun(questions, n_samples=1)
+        # one fixed run seed: a question's sampling never depends on which chunk it ran in (resume)
+        trajs = await self.engine.arun(questions, n_samples=1, seed=self.engine.config.seed)
         for t in trajs:
             t.metadata["method"] = self.name
         return trajs
@@ -76,11 +80,13 @@ def _baseline(name: str) -> Callable[[EvaluationConfig, ResolvedDataset], Method
     return build
 
 
-def _format(name: str, fmt: str) -> Callable[[EvaluationConfig, ResolvedDataset], Method]:
+def _format(name: str) -> Callable[[EvaluationConfig, ResolvedDataset], Method]:
+    """The registered trajectory format ``name`` as a method of the same name."""
+
     def build(cfg: EvaluationConfig, dataset: ResolvedDataset) -> Method:
         retriever = load_retriever(cfg.retriever, dataset)
         backend = load_backend(cfg.model)
-        rollout = cfg.rollout.model_copy(update={"format": fmt, "n_samples": 1})
+        rollout = cfg.rollout.model_copy(update={"format": name, "n_samples": 1})
         return EngineMethod(name, RolloutEngine(backend, retriever, rollout))
 
     return build
@@ -106,27 +112,25 @@ def _oracle(cfg: EvaluationConfig, dataset: ResolvedDataset) -> Method:
 
 def _oracle_tokenizer(cfg: EvaluationConfig):  # type: ignore[no-untyped-def]
     """The oracle writes text, so any tokenizer with a chat template will do: the model's when
-    ``model.tokenizer`` is set, else the tiny packaged-in-code one (built offline in a second)."""
-    if cfg.model.tokenizer:
-        from r3rag.evaluation.components import load_tokenizer
+    ``model.tokenizer`` is set, else the library's built-in one (built offline in a second)."""
+    from r3rag.rollout.backends.hf_loading import load_tokenizer
+    from r3rag.rollout.tiny_tokenizer import TINY_TOKENIZER
 
-        return load_tokenizer(cfg.model.tokenizer)
-    from r3rag.testing.tiny_models import build_tiny_tokenizer
-
-    return build_tiny_tokenizer()
+    return load_tokenizer(cfg.model.tokenizer or TINY_TOKENIZER)
 
 
 METHODS: dict[str, Callable[[EvaluationConfig, ResolvedDataset], Method]] = {
     **{name: _baseline(name) for name in BASELINES},
-    "r3rag": _format("r3rag", "r3rag_steps"),
-    "r1searcher": _format("r1searcher", "r1searcher_tags"),
+    **{name: _format(name) for name in FORMATS},
     "oracle": _oracle,
 }
 
 
 def check_method(name: str) -> None:
     if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+        near = [m for m in METHODS if m.startswith(name)] if name else []
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"unknown method {name!r}{hint}; choose one of {', '.join(METHODS)}")
 
 
 def build_method(cfg: EvaluationConfig, dataset: ResolvedDataset) -> Method:

@@ -4,9 +4,14 @@ The order of work is chosen so that mistakes cost nothing:
 
 1. the method name, normaliser and shard are checked, and the dataset is read and validated
    (a bad line fails here, naming file and line, before any model is loaded);
-2. ``--out`` is checked: a folder holding a run of another dataset, method or model is refused;
-   its ``predictions.jsonl`` is read, a partial last line (a killed write) is cut off, and the ids
-   already there are skipped;
+2. ``--out`` is checked: a folder holding a run with another key (every setting that can change
+   the predictions: method, model, rollout, retrieval, dataset, normaliser, shard; see
+   :mod:`r3rag.evaluation.run_key`) is refused with one line naming the setting that changed, so
+   predictions of different settings are never mixed. The key is written to ``run.json`` before
+   the first prediction, so a killed run is protected too. A larger ``dataset.limit`` (or none)
+   extends a run; predictions outside this run's questions (a smaller limit), or whose question
+   or gold answers differ from the dataset's, are refused. ``predictions.jsonl`` is read, a
+   partial last line (a killed write) is cut off, and the ids already there are skipped;
 3. only when questions are left is the method built (model and retriever loaded); questions go
    to it ``run.batch_size`` at a time and every finished row is appended and fsync'ed;
 4. the metrics are computed from the whole predictions file in dataset order, so a resumed run
@@ -33,11 +38,11 @@ from r3rag.evaluation.config import EvaluationConfig, parse_shard
 from r3rag.evaluation.datasets import resolve_dataset, select_shard
 from r3rag.evaluation.methods import Method, build_method, check_method
 from r3rag.evaluation.predictions import PREDICTIONS, RowWriter, load_rows, prediction_row
+from r3rag.evaluation.run_key import key_difference, run_key
 from r3rag.metrics import get_normalizer
 
 RESULTS = "results.json"
 RUN_INFO = "run.json"
-IDENTITY_KEYS = ("dataset", "method", "model", "normalization", "n_total", "shard")
 
 
 @dataclass
@@ -65,15 +70,42 @@ def write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
-def _check_identity(out: Path, identity: dict[str, Any]) -> None:
+#: what a folder written before run keys existed is checked on (n_total is not: a limit may grow)
+LEGACY_KEYS = ("dataset", "method", "model", "normalization", "shard")
+
+
+def _check_key(out: Path, identity: dict[str, Any], key: dict[str, Any]) -> None:
+    """Refuse ``out`` if it holds a run whose key differs from this one (one line, naming it)."""
     info = out / RUN_INFO
     if not info.is_file():
         return
-    old = json.loads(info.read_text(encoding="utf-8")).get("identity", {})
-    diff = [k for k in IDENTITY_KEYS if k in old and old[k] != identity[k]]
+    try:
+        old = json.loads(info.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{info}: not a run record (JSON); use another --out") from None
+    if "config_key" in old:
+        diff = key_difference(old["config_key"], key)
+    else:
+        ident = old.get("identity", {})
+        changed = [k for k in LEGACY_KEYS if k in ident and ident[k] != identity[k]]
+        diff = f"{changed[0]}={ident[changed[0]]!r}, not {identity[changed[0]]!r}" if changed else None
     if diff:
-        k = diff[0]
-        raise ConfigError(f"{out} holds a run with {k}={old[k]!r}, not {identity[k]!r}; use another --out")
+        raise ConfigError(f"{out} holds a run with {diff}; use another --out")
+
+
+def _check_rows(pred_path: Path, rows: list[dict[str, Any]], mine: list[tuple[int, Question]], limit: int | None) -> None:
+    """Every existing row is one of this run's questions, with the same text and gold answers."""
+    by_id = {q.id: (p, q) for p, q in mine}
+    for r in rows:
+        if r["id"] not in by_id:
+            raise ConfigError(
+                f"{pred_path}: id {r['id']!r} is not among this run's questions (dataset.limit={limit!r}, shard); "
+                "a run is extended by a larger limit, never shrunk: use another --out"
+            )
+        p, q = by_id[r["id"]]
+        if r.get("question") != q.question or list(r.get("golden_answers", [])) != list(q.golden_answers) or r.get("index") != p:
+            raise ConfigError(f"{pred_path}: id {r['id']!r} was predicted for another version of the dataset "
+                              "(question, gold answers or position differ); use another --out")
 
 
 def run_evaluation(cfg: EvaluationConfig, out_dir: str | Path) -> RunOutcome:
@@ -90,15 +122,16 @@ def run_evaluation(cfg: EvaluationConfig, out_dir: str | Path) -> RunOutcome:
         "dataset": dataset.name, "source": dataset.source, "method": cfg.method.name, "model": model_label(cfg),
         "normalization": cfg.run.normalization, "n_total": len(dataset.questions), "shard": cfg.run.shard,
     }
+    key = run_key(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    _check_identity(out, identity)
-    (out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
     pred_path = out / PREDICTIONS
     rows = load_rows(pred_path)
-    wanted = {q.id for _, q in mine}
-    stray = [r["id"] for r in rows if r["id"] not in wanted]
-    if stray:
-        raise ConfigError(f"{pred_path}: id {stray[0]!r} is not in this dataset/shard; use another --out")
+    if rows:  # a folder without predictions holds nothing that could be mixed
+        _check_key(out, identity, key)
+        _check_rows(pred_path, rows, mine, cfg.dataset.limit)
+    (out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+    if not rows or not (out / RUN_INFO).is_file():
+        write_json(out / RUN_INFO, {"identity": identity, "config_key": key})  # before the first prediction
     done = {r["id"] for r in rows}
     todo = [(p, q) for p, q in mine if q.id not in done]
     started = time.perf_counter()
@@ -110,7 +143,7 @@ def run_evaluation(cfg: EvaluationConfig, out_dir: str | Path) -> RunOutcome:
     results = build_results(identity, rows, cfg.run.bootstrap, cfg.run.seed)
     write_json(out / RESULTS, results)
     write_json(out / RUN_INFO, {
-        "identity": identity, "questions_in_shard": len(mine), "new": len(todo), "skipped": len(mine) - len(todo),
+        "identity": identity, "config_key": key, "questions_in_shard": len(mine), "new": len(todo), "skipped": len(mine) - len(todo),
         "bootstrap": cfg.run.bootstrap, "seed": cfg.run.seed, "elapsed_s": round(elapsed, 3), "questions_per_s": round(len(todo) / elapsed, 4) if todo and elapsed > 0 else None,
     })
     from r3rag.evaluation.report import write_report

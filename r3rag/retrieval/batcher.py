@@ -25,7 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from r3rag.data.records import Passage
+from r3rag.retrieval.locks import locked_search
 from r3rag.retrieval.searcher import Searcher
+
+
+class Overloaded(Exception):
+    """The index already holds ``max_queue`` requests; the caller should retry later."""
+
+    def __init__(self, index: str, pending: int, max_queue: int) -> None:
+        super().__init__(f"index {index!r} is overloaded: {pending} requests are waiting or being searched "
+                         f"(max_queue={max_queue})")
+        self.index, self.pending, self.max_queue = index, pending, max_queue
 
 
 @dataclass
@@ -37,8 +47,11 @@ class _Job:
 
 class MicroBatcher:
     def __init__(self, searcher: Searcher, window_s: float = 0.002, max_batch: int = 64,
-                 enabled: bool = True, executor: ThreadPoolExecutor | None = None) -> None:
+                 enabled: bool = True, executor: ThreadPoolExecutor | None = None, max_queue: int = 0) -> None:
         self.searcher = searcher
+        self.max_queue = max(0, max_queue)
+        self.pending = 0  # requests admitted and not yet answered (queued or being searched)
+        self.shed = 0  # requests refused with Overloaded
         self.window_s = window_s
         self.max_batch = max(1, max_batch)
         self.enabled = enabled
@@ -51,11 +64,22 @@ class MicroBatcher:
         self.batched_queries = 0
 
     async def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        """Results of ``queries``; raises :class:`Overloaded` when ``max_queue`` requests are held."""
+        if self.max_queue and self.pending >= self.max_queue:
+            self.shed += 1
+            raise Overloaded(self.searcher.name, self.pending, self.max_queue)
+        self.pending += 1
+        try:
+            return await self._search(queries, k)
+        finally:
+            self.pending -= 1
+
+    async def _search(self, queries: list[str], k: int) -> list[list[Passage]]:
         loop = asyncio.get_running_loop()
         if not self.enabled:
             self.batches += 1
             self.batched_queries += len(queries)
-            return await loop.run_in_executor(self.executor, self.searcher.search, queries, k)
+            return await loop.run_in_executor(self.executor, locked_search, self.searcher, queries, k)
         if self._queue is None:
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._run())
@@ -70,6 +94,8 @@ class MicroBatcher:
             jobs, self._carry = [self._carry], None
         else:
             jobs = [await self._queue.get()]
+            while jobs[0].future.done():  # its caller went away: nothing to search for it
+                jobs = [await self._queue.get()]
         n = len(jobs[0].queries)
         deadline = loop.time() + self.window_s
         while n < self.max_batch:
@@ -83,6 +109,8 @@ class MicroBatcher:
                     job = await asyncio.wait_for(self._queue.get(), remaining)
                 except asyncio.TimeoutError:
                     break
+            if job.future.done():
+                continue
             if n + len(job.queries) > self.max_batch:
                 self._carry = job
                 break
@@ -99,7 +127,7 @@ class MicroBatcher:
             self.batches += 1
             self.batched_queries += len(queries)
             try:
-                results = await loop.run_in_executor(self.executor, self.searcher.search, queries, k)
+                results = await loop.run_in_executor(self.executor, locked_search, self.searcher, queries, k)
             except Exception as err:  # noqa: BLE001 - handed to every waiting request
                 for j in jobs:
                     if not j.future.done():

@@ -4,11 +4,23 @@
 speaks the ``/retrieve`` dialect with scores. Requests go round-robin over the server URLs
 (one replica per node on a cluster). A connection error, timeout, 5xx or 429 is retried on
 the *next* URL after an exponential back-off with jitter
-(``backoff * 2**attempt * uniform(0.5, 1.5)``, capped at ``max_backoff``); a 4xx is the
-caller's mistake and raises at once. When the retries run out, :class:`RetrievalError` is
+(``backoff * 2**attempt * uniform(0.5, 1.5)``, capped at ``max_backoff``); a 429 or 503 that
+carries ``Retry-After`` (the service's answer when its queue is full) waits at least that long
+(times ``uniform(1, 1.25)`` so a crowd of shed clients does not come back in step), again capped
+at ``max_backoff``. A 4xx is the caller's mistake and raises at once. When the retries run out, :class:`RetrievalError` is
 raised, so a caller can record a failed retrieval instead of silently using zero documents.
 A response whose shape or length does not match the request is an error too, never an empty
 result.
+
+One HTTP connection pool per event loop, closed with it. An ``httpx.AsyncClient`` is bound to
+the loop it first ran on, so each running loop gets its own, kept in a dict keyed weakly by the
+loop object (never by ``id(loop)``: ids are reused once a loop is freed, which would hand a
+client bound to a dead loop to a new one). With the pool the client also starts a tiny async
+generator on that loop; ``asyncio.run`` (and any runner that calls
+``loop.shutdown_asyncgens()``) closes every live async generator before closing the loop, and
+closing this one closes the pool and forgets it. So 40 successive ``asyncio.run`` calls leave no
+pool behind. A loop closed without that shutdown is detected (``loop.is_closed()``) and its pool
+dropped the next time the client is used.
 """
 
 from __future__ import annotations
@@ -17,7 +29,11 @@ import asyncio
 import itertools
 import random
 import threading
-from typing import Any, Coroutine, TypeVar
+import time
+import weakref
+from collections import Counter
+from email.utils import parsedate_to_datetime
+from typing import Any, AsyncIterator, Coroutine, TypeVar
 
 import httpx
 
@@ -26,6 +42,27 @@ from r3rag.errors import R3RagError
 
 T = TypeVar("T")
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+RETRY_AFTER_STATUS = frozenset({429, 503})
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date), or None."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
 
 
 class RetrievalError(R3RagError):
@@ -61,35 +98,81 @@ class RetrievalClient:
         self.max_queries_per_request = max(1, max_queries_per_request)
         self._rr = itertools.count()
         self._rng = random.Random(seed)
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        # loop -> (its pool, the async generator that closes the pool when the loop shuts down)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, Any]] = (
+            weakref.WeakKeyDictionary())
+        self._clients_lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         self._sync_thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     # -- async API ---------------------------------------------------------------------
-    def _client(self) -> httpx.AsyncClient:
-        key = id(asyncio.get_running_loop())
-        client = self._clients.get(key)
-        if client is None:
-            client = self._clients[key] = httpx.AsyncClient(
+    async def _client(self) -> httpx.AsyncClient:
+        """The connection pool of the running loop (made, and tied to the loop's shutdown, once)."""
+        loop = asyncio.get_running_loop()
+        with self._clients_lock:
+            entry = self._clients.get(loop)
+            if entry is not None:
+                return entry[0]
+            for dead in [lp for lp in self._clients if lp.is_closed()]:  # closed without asyncgen shutdown
+                del self._clients[dead]
+            client = httpx.AsyncClient(
                 timeout=self.timeout, limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)
             )
+            guard = self._close_with_loop(loop, client)
+            self._clients[loop] = (client, guard)
+        await guard.__anext__()  # first iteration registers it with this loop's shutdown_asyncgens
         return client
 
-    def delay(self, attempt: int) -> float:
-        """Back-off before retry number ``attempt`` (0-based), with +-50 % jitter."""
-        return min(self.max_backoff, self.backoff * (2**attempt)) * self._rng.uniform(0.5, 1.5)
+    async def _close_with_loop(self, loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            with self._clients_lock:
+                entry = self._clients.get(loop)
+                if entry is not None and entry[0] is client:
+                    del self._clients[loop]
+            await client.aclose()
+
+    def open_pools(self) -> int:
+        """Connection pools currently held (one per live event loop that used this client)."""
+        with self._clients_lock:
+            return sum(1 for lp in self._clients if not lp.is_closed())
+
+    def counters(self) -> dict[str, int]:
+        """HTTP attempts, retries and responses by status (``status_503`` ...), since creation."""
+        with self._clients_lock:
+            return dict(self._counts)
+
+    def _count(self, key: str) -> None:
+        with self._clients_lock:
+            self._counts[key] += 1
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Back-off before retry number ``attempt`` (0-based), with +-50 % jitter; at least
+        ``retry_after`` (x U(1, 1.25)) when the server sent one, all capped at ``max_backoff``."""
+        wait = min(self.max_backoff, self.backoff * (2**attempt)) * self._rng.uniform(0.5, 1.5)
+        if retry_after is not None:
+            wait = max(wait, retry_after * self._rng.uniform(1.0, 1.25))
+        return min(self.max_backoff, wait)
 
     async def _request(self, method: str, path: str, payload: Any = None) -> Any:
         start = next(self._rr)
         last = "no attempt made"
         for attempt in range(self.retries + 1):
             url = self.urls[(start + attempt) % len(self.urls)] + path
+            retry_after = None
+            if attempt:
+                self._count("retries")
+            self._count("attempts")
             try:
-                resp = await self._client().request(method, url, json=payload)
+                resp = await (await self._client()).request(method, url, json=payload)
             except httpx.TransportError as err:
+                self._count("transport_errors")
                 last = f"{url}: {type(err).__name__}: {err}"
             else:
+                self._count(f"status_{resp.status_code}")
                 if resp.status_code < 400:
                     try:
                         return resp.json()
@@ -99,8 +182,10 @@ class RetrievalClient:
                 if resp.status_code not in RETRY_STATUS:
                     raise RetrievalError(f"{url}: HTTP {resp.status_code}: {message}", resp.status_code, attempt + 1)
                 last = f"{url}: HTTP {resp.status_code}: {message}"
+                if resp.status_code in RETRY_AFTER_STATUS:
+                    retry_after = retry_after_seconds(resp.headers.get("retry-after"))
             if attempt < self.retries:
-                await asyncio.sleep(self.delay(attempt))
+                await asyncio.sleep(self.delay(attempt, retry_after))
         raise RetrievalError(f"retrieval failed after {self.retries + 1} attempts; last: {last}", attempts=self.retries + 1)
 
     async def _search_chunk(self, queries: list[str], k: int) -> list[list[Passage]]:
@@ -127,9 +212,11 @@ class RetrievalClient:
         return await self._request("GET", "/stats")
 
     async def aclose(self) -> None:
-        client = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if client is not None:
-            await client.aclose()
+        """Close the running loop's pool (a later call on this loop opens a new one)."""
+        with self._clients_lock:
+            entry = self._clients.get(asyncio.get_running_loop())
+        if entry is not None:
+            await entry[1].aclose()  # runs the guard's finally: forget the pool, close it
 
     # -- sync API (runs the async one on a private event-loop thread) --------------------
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:

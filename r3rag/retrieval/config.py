@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
+
 from r3rag.config import Section
+
+NonNegative = Annotated[int, Field(ge=0)]
 
 
 class ServiceConfig(Section):
@@ -21,6 +27,20 @@ class ServiceConfig(Section):
     batch_window_ms: float = 2.0
     max_batch_queries: int = 64
     """Queries per search batch (strict: a request that would exceed it starts the next batch)."""
+    max_queue: NonNegative = 256
+    """Requests each index may hold, waiting for or in a search; past it a request gets 503 with
+    ``Retry-After`` at once (cache hits are never refused). 0: unbounded."""
+    retry_after_s: NonNegative = 1
+    """Seconds sent in ``Retry-After`` with those 503s (HTTP wants whole seconds)."""
+    limit_concurrency: NonNegative | None = 1024
+    """uvicorn's cap on open connections plus in-flight requests; past it uvicorn itself answers a
+    plain 503 to every path, /health included, so keep it well above the expected clients.
+    0 or null: no cap."""
+    offload_bytes: NonNegative = 256 * 1024
+    """Request bodies and responses of at least this many bytes are decoded / rendered and encoded
+    on the codec threads instead of the event loop. 0: never."""
+    codec_threads: Annotated[int, Field(ge=1)] = 2
+    """Threads that decode and encode large bodies."""
     cache_size: int = 100_000
     """Entries of the (index, query, k) LRU cache; 0 disables it."""
     max_queries_per_request: int = 512

@@ -4,11 +4,16 @@ Each member searcher returns its top ``depth`` passages; a passage's fused score
 ``sum over members of 1 / (rrf_k + rank)`` with ranks starting at 1 (Cormack et al., 2009;
 ``rrf_k = 60`` by default). Passages are matched by id, so members may use different methods
 (BM25 and dense) over the same corpus. Ties keep the order of first appearance.
+
+Members are called through :func:`~r3rag.retrieval.locks.locked_search`: in the service each
+member is also searched by its own batcher's thread, and the hybrid's thread must not enter a
+member while that thread is inside it (see :mod:`r3rag.retrieval.locks`).
 """
 
 from __future__ import annotations
 
 from r3rag.data.records import Passage
+from r3rag.retrieval.locks import locked_search
 from r3rag.retrieval.searcher import Searcher
 
 
@@ -43,7 +48,7 @@ class HybridSearcher(Searcher):
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         depth = max(k, self.depth)
-        per_member = [m.search(queries, depth) for m in self.members]
+        per_member = [locked_search(m, queries, depth) for m in self.members]
         return [rrf_fuse([res[i] for res in per_member], k, self.rrf_k) for i in range(len(queries))]
 
     def describe(self) -> dict:

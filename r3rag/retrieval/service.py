@@ -8,6 +8,18 @@ thread, batched with whatever else arrived) and renders the answer in the dialec
 Bad input is a 4xx JSON ``{"error": message}``; nothing a client sends can produce a stack
 trace. ``GET /health`` and ``GET /stats`` never touch the search threads.
 
+Under load the service sheds instead of queueing without end. Each index's batcher holds at most
+``max_queue`` requests (waiting or being searched); a request past that is answered at once with
+``503`` and a ``Retry-After`` header (``retry_after_s``) and a JSON ``{"error", "status",
+"retry_after_s"}`` naming the index and the bound, which :class:`RetrievalClient` honours before
+retrying. Cache hits never reach a batcher and are never shed. uvicorn's own
+``limit_concurrency`` (connections plus in-flight requests) is set from the config as the outer
+guard; past it uvicorn answers a plain 503, for every path including ``/health``, so it is set
+well above any expected client count. Request bodies and rendered responses larger than
+``offload_bytes`` are decoded and encoded on a small ``codec_threads`` pool, the response in one
+piece per result row, so the event loop (and ``/health``) gets the GIL between pieces instead of
+waiting for a whole multi-megabyte body.
+
 :func:`serve_in_thread` runs the service on a free port in a background thread and returns
 once ``/health`` answers: the way tests and scripts get a live server.
 """
@@ -20,14 +32,23 @@ import logging
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fastapi.responses import Response
+from r3rag.data.records import Passage
+from r3rag.errors import R3RagError
+from r3rag.retrieval.batcher import MicroBatcher, Overloaded
+from r3rag.retrieval.cache import LRUCache
+from r3rag.retrieval.config import ServiceConfig
+from r3rag.retrieval.dialects import DIALECTS, BadRequest, Dialect, Limits
+from r3rag.retrieval.searcher import Searcher
+from r3rag.retrieval.stats import ServiceStats
 
 try:  # orjson serialises large result lists several times faster than the standard library
     from orjson import dumps as _orjson_dumps
@@ -35,21 +56,61 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson_dumps = None
 
 
+def _dumps(value: Any) -> bytes:
+    if _orjson_dumps is not None:
+        return _orjson_dumps(value)
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
 def json_response(payload: Any) -> Response:
     """A 200 JSON response, serialised with orjson when it is installed."""
     if _orjson_dumps is None:
         return JSONResponse(payload)
     return Response(content=_orjson_dumps(payload), media_type="application/json")
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from r3rag.data.records import Passage
-from r3rag.errors import R3RagError
-from r3rag.retrieval.batcher import MicroBatcher
-from r3rag.retrieval.cache import LRUCache
-from r3rag.retrieval.config import ServiceConfig
-from r3rag.retrieval.dialects import DIALECTS, BadRequest, Dialect, Limits
-from r3rag.retrieval.searcher import Searcher
-from r3rag.retrieval.stats import ServiceStats
+
+def encode_payload(payload: Any) -> bytes:
+    """JSON bytes of ``payload``, the same as one ``dumps`` call, but made one element at a time
+    for a top-level list and for the lists directly under a top-level object (one result row per
+    call): between the pieces the worker thread running this gives the GIL back to the loop."""
+
+    def part(v: Any) -> bytes:
+        return b"[" + b",".join(_dumps(x) for x in v) + b"]" if isinstance(v, list) else _dumps(v)
+
+    if isinstance(payload, dict):
+        return b"{" + b",".join(_dumps(str(k)) + b":" + part(v) for k, v in payload.items()) + b"}"
+    return part(payload)
+
+
+def decode_body(raw: bytes) -> Any:
+    """A request body parsed as JSON, or :class:`BadRequest` saying what is wrong with it."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadRequest(400, f"request body is not valid UTF-8 (bad byte at offset {err.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BadRequest(400, f"request body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise BadRequest(400, "request body is not valid JSON: nested too deeply") from None
+
+
+def render_and_encode(dialect: Dialect, req: Any, results: list[list[Passage]]) -> bytes:
+    return encode_payload(dialect.render(req, results))
+
+
+def response_size_at_least(results: list[list[Passage]], threshold: int) -> bool:
+    """Whether the rendered answer will be about ``threshold`` bytes or more; ``threshold`` 0:
+    never. Cheap on the loop: every passage costs at least ~64 bytes of JSON, so characters are
+    only counted when there are fewer than ``threshold / 64`` passages."""
+    if threshold <= 0:
+        return False
+    n = sum(len(ps) for ps in results)
+    if n * 64 >= threshold:
+        return True
+    return sum(len(p.contents) + 64 for ps in results for p in ps) >= threshold
+
 
 log = logging.getLogger("r3rag.retrieval.service")
 
@@ -58,8 +119,16 @@ def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "status": status}, status_code=status)
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body parsed as JSON, or :class:`BadRequest` saying what is wrong with it."""
+def overloaded_response(err: Overloaded, retry_after_s: int) -> JSONResponse:
+    """503 with ``Retry-After``: the index's queue is full; nothing was queued."""
+    return JSONResponse(
+        {"error": f"{err}; retry after {retry_after_s} s", "status": 503, "retry_after_s": retry_after_s},
+        status_code=503, headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw request body, at most ``limit`` bytes (413 past it, 400 when empty)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -75,16 +144,15 @@ async def read_json(request: Request, limit: int) -> Any:
     raw = b"".join(chunks)
     if not raw.strip():
         raise BadRequest(400, "request body is empty; expected a JSON object")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise BadRequest(400, f"request body is not valid UTF-8 (bad byte at offset {err.start})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise BadRequest(400, f"request body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
-    except RecursionError:
-        raise BadRequest(400, "request body is not valid JSON: nested too deeply") from None
+    return raw
+
+
+async def read_json(request: Request, limit: int, offload: "Runtime | None" = None) -> Any:
+    """The request body parsed as JSON (on ``offload``'s codec pool when it is large)."""
+    raw = await read_body(request, limit)
+    if offload is not None and 0 < offload.cfg.offload_bytes <= len(raw):
+        return await offload.offload(decode_body, raw)
+    return decode_body(raw)
 
 
 class Runtime:
@@ -100,9 +168,11 @@ class Runtime:
             raise R3RagError(f"default index {self.default!r} is not loaded; loaded: {', '.join(searchers)}")
         self.batchers = {
             name: MicroBatcher(s, window_s=cfg.batch_window_ms / 1000.0, max_batch=cfg.max_batch_queries,
-                               enabled=cfg.microbatch)
+                               enabled=cfg.microbatch, max_queue=cfg.max_queue)
             for name, s in searchers.items()
         }
+        self.codec = ThreadPoolExecutor(max_workers=max(1, cfg.codec_threads), thread_name_prefix="codec")
+        self.offloaded = 0  # bodies decoded or responses encoded on the codec pool
         self.cache: LRUCache[list[Passage]] = LRUCache(cfg.cache_size)
         self.stats = ServiceStats()
         self.limits = Limits(cfg.max_queries_per_request, cfg.max_query_chars, cfg.max_topk, cfg.default_topk)
@@ -122,9 +192,15 @@ class Runtime:
                 self.cache.put(keys[i], ps)
         return results, len(queries) - len(missing), len(missing)  # type: ignore[return-value]
 
+    async def offload(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the codec pool, off the event loop."""
+        self.offloaded += 1
+        return await asyncio.get_running_loop().run_in_executor(self.codec, fn, *args)
+
     async def aclose(self) -> None:
         for b in self.batchers.values():
             await b.aclose()
+        self.codec.shutdown(wait=False)
 
     def stats_snapshot(self) -> dict:
         snap = self.stats.snapshot()
@@ -137,6 +213,9 @@ class Runtime:
             batches=batches,
             mean_batch_queries=round(batched / batches, 3) if batches else None,
             microbatch=self.cfg.microbatch,
+            queue={name: {"pending": b.pending, "max_queue": b.max_queue, "shed": b.shed}
+                   for name, b in self.batchers.items()},
+            offloaded=self.offloaded,
             indexes={name: s.describe() for name, s in self.searchers.items()},
             default_index=self.default,
         )
@@ -180,16 +259,23 @@ def create_app(searchers: dict[str, Searcher], cfg: ServiceConfig | None = None)
         async def endpoint(request: Request) -> JSONResponse:
             t0 = time.perf_counter()
             try:
-                body = await read_json(request, cfg.max_body_bytes)
+                body = await read_json(request, cfg.max_body_bytes, rt)
                 req = d.parse(body, rt.limits)
                 index = req.index or rt.default
                 if index not in rt.searchers:
                     raise BadRequest(404, f"unknown index {index!r}; this server has: {', '.join(rt.searchers)}")
                 results, hits, misses = await rt.search(index, req.queries, req.k)
-                payload = d.render(req, results)
+                if response_size_at_least(results, cfg.offload_bytes):
+                    content = await rt.offload(render_and_encode, d, req, results)
+                    response = Response(content=content, media_type="application/json")
+                else:
+                    response = json_response(d.render(req, results))
             except BadRequest as err:
                 rt.stats.record_error(err.status)
                 return error_response(err.status, err.message)
+            except Overloaded as err:
+                rt.stats.record_error(503)
+                return overloaded_response(err, cfg.retry_after_s)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - a search failure is a 500 with one line, never a trace
@@ -197,7 +283,7 @@ def create_app(searchers: dict[str, Searcher], cfg: ServiceConfig | None = None)
                 log.exception("search failed on %s", d.path)
                 return error_response(500, f"search failed: {type(err).__name__}: {err}")
             rt.stats.record_request(d.path, len(req.queries), time.perf_counter() - t0, hits, misses)
-            return json_response(payload)
+            return response
 
         endpoint.__name__ = f"post_{d.path.strip('/')}"
         app.post(d.path, summary=f"search ({d.client} dialect)")(endpoint)
@@ -258,8 +344,12 @@ class ServerHandle:
         self.stop()
 
 
-def serve_app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0) -> ServerHandle:
-    """Run ``app`` with uvicorn on ``host:port`` (0 = a free port) and wait until /health answers."""
+def serve_app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0,
+                        limit_concurrency: int | None = None) -> ServerHandle:
+    """Run ``app`` with uvicorn on ``host:port`` (0 = a free port) and wait until /health answers.
+
+    ``limit_concurrency`` defaults to the retrieval runtime's ``ServiceConfig.limit_concurrency``
+    when ``app`` is a retrieval service, else uvicorn's default (none)."""
     import httpx
     import uvicorn
 
@@ -267,7 +357,10 @@ def serve_app_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, st
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, backlog=2048)
+    if limit_concurrency is None and isinstance(getattr(app.state, "runtime", None), Runtime):
+        limit_concurrency = app.state.runtime.cfg.limit_concurrency
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, backlog=2048,
+                            limit_concurrency=limit_concurrency or None)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"retrieval-{port}")
     thread.start()

@@ -7,7 +7,7 @@ Typical use::
 """
 
 from r3rag.rewards.answer import AnswerConfig, Correctness, answer_score, answer_scores, correctness, is_hedged
-from r3rag.rewards.format import FORMAT_CHECKERS, FormatConfig, Violation, format_validity, format_violations
+from r3rag.rewards.format import FormatConfig, Violation, format_validity, format_violations
 from r3rag.rewards.process import ProcessConfig, gold_relevance, judge_relevance, supporting_ids
 from r3rag.rewards.recipes import (
     SHAPES,
@@ -26,7 +26,6 @@ from r3rag.rewards.types import RewardOutput, summarize
 
 __all__ = [
     "COMPONENTS",
-    "FORMAT_CHECKERS",
     "SHAPES",
     "AnswerConfig",
     "Correctness",

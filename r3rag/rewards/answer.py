@@ -17,7 +17,7 @@ from a qualified answer by rule and still matches: the shipped recipes therefore
 failure leaves the value ``None`` with the failure status, for the recipe's failure policy.
 
 >>> from r3rag.rollout.trajectory import Trajectory, Step
->>> t = Trajectory("q", "Capital?", "r3rag", steps=[Step(0, answer="Paris, London, Rome")], golden_answers=["Paris"])
+>>> t = Trajectory("q", "Capital?", "r3rag_steps", steps=[Step(0, answer="Paris, London, Rome")], golden_answers=["Paris"])
 >>> answer_scores([t], AnswerConfig(metric="cover_em", hedge_guard=False)), answer_scores([t], AnswerConfig(metric="cover_em"))
 ([1.0], [0.0])
 """

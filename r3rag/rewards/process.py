@@ -21,7 +21,7 @@ relevance (``None``).
 >>> from r3rag.rollout.trajectory import Trajectory, Step
 >>> from r3rag.data.records import Passage
 >>> P = lambda i: Passage(i, "t\\nx")
->>> t = Trajectory("q", "?", "r3rag", steps=[Step(0, query="a", documents=[P("g1"), P("d")]),
+>>> t = Trajectory("q", "?", "r3rag_steps", steps=[Step(0, query="a", documents=[P("g1"), P("d")]),
 ...     Step(1, query="a", documents=[P("g1")]), Step(2, query="b", documents=[P("g2")]), Step(3, answer="x")],
 ...     metadata={"supporting_ids": ["g1", "g2"]})
 >>> gold_relevance(t, "new_hit"), gold_relevance(t, "recall")

@@ -22,6 +22,12 @@ Stage 1: ``0.5 * retrieval + 0.5 * format_valid``; stage 2: ``answer`` (F1) with
 Ablations are one-line changes: ``process.source: off`` (outcome only),
 ``stepwise.correct_reward: 0`` (process only).
 
+Infrastructure failures are never the policy's: a trajectory that ended in ``backend_error`` or
+``retrieval_failed`` is not scored at all. ``infra_failure: drop`` (the default) returns it as
+``RewardOutput(0, dropped=True)`` for the trainer to leave out; ``zero`` keeps it in the batch with
+reward 0. Either way ``components["infra_failure"]`` is 1 and :func:`~r3rag.rewards.types.summarize`
+counts it.
+
 Judge failures follow ``judge.on_failure``: ``zero`` (a missing result counts 0), ``drop``
 (the output is marked ``dropped`` for the trainer to skip), ``rule_only`` (outcome: the rule
 verdict; process: gold relevance where the question has gold ids, else 0). Every missing result
@@ -30,7 +36,7 @@ is named in ``RewardOutput.missing``.
 >>> from r3rag.rollout.trajectory import Trajectory, Step, Segment
 >>> cfg = RewardConfig(shape="outcome", answer=AnswerConfig(metric="f1", normalization="r1searcher"),
 ...     outcome=OutcomeConfig(terms=[Term(component="answer")], format_penalty=-2.0))
->>> t = Trajectory("q", "?", "r1searcher", segments=[Segment("model", "<think>x</think><answer>Paris</answer>", [])],
+>>> t = Trajectory("q", "?", "r1searcher_tags", segments=[Segment("model", "<think>x</think><answer>Paris</answer>", [])],
 ...     steps=[Step(0, answer="Paris")], golden_answers=["Paris"])
 >>> RewardScorer(cfg).score([t])[0].total
 1.0
@@ -91,6 +97,7 @@ class RewardConfig(Section):
 
     name: str = "custom"
     shape: Literal["stepwise", "outcome"] = "stepwise"
+    infra_failure: Literal["drop", "zero"] = "drop"
     answer: AnswerConfig = AnswerConfig()
     format: FormatConfig = FormatConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
@@ -217,10 +224,18 @@ class RewardScorer:
 
     def score(self, trajs: Sequence[Trajectory | dict[str, Any]]) -> list[RewardOutput]:
         batch = [t if isinstance(t, Trajectory) else Trajectory.from_dict(t) for t in trajs]
-        if not batch:
-            return []
-        ctx = ScoringContext(batch, self.config, self.judge if self.needs_judge else None)
-        return SHAPES[self.config.shape](ctx)
+        scored = [i for i, t in enumerate(batch) if not t.infra_failed]
+        out: list[RewardOutput] = [self._infra_failure(t) for t in batch]
+        if scored:
+            ctx = ScoringContext([batch[i] for i in scored], self.config, self.judge if self.needs_judge else None)
+            for i, o in zip(scored, SHAPES[self.config.shape](ctx)):
+                out[i] = o
+        return out
+
+    def _infra_failure(self, t: Trajectory) -> RewardOutput:
+        """The reward of a trajectory the infrastructure ended: 0, dropped under the default policy."""
+        per = [0.0] * max(1, len(t.steps))
+        return RewardOutput(0.0, per, {"infra_failure": 1.0}, dropped=self.config.infra_failure == "drop")
 
     __call__ = score
 
@@ -237,7 +252,7 @@ def component_rewards(
     defined). ``config`` supplies the component settings (default: all defaults).
 
     >>> from r3rag.rollout.trajectory import Trajectory, Step
-    >>> t = Trajectory("q", "?", "r3rag", steps=[Step(0, query="a"), Step(1, answer="x")])
+    >>> t = Trajectory("q", "?", "r3rag_steps", steps=[Step(0, query="a", retrieved=True), Step(1, answer="x")])
     >>> [o.per_step for o in component_rewards("retrieval", [t])]
     [[0.0, 1.0]]
     """

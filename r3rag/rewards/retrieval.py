@@ -7,8 +7,12 @@
 R1-Searcher stage 1 uses only the first term (weighted 0.5), so issuing the same query five
 times earns exactly what one query earns; the penalties make repetition and search spam cost.
 
+Only queries the retriever actually answered count (``Step.retrieved``): a query that was parsed
+but never executed (the last allowed step, a retrieval outage) earns nothing.
+
 >>> from r3rag.rollout.trajectory import Trajectory, Step
->>> t = Trajectory("q", "?", "r1searcher", steps=[Step(0, query="X"), Step(1, query="x."), Step(2, answer="a")])
+>>> t = Trajectory("q", "?", "r1searcher_tags", steps=[Step(0, query="X", retrieved=True),
+...     Step(1, query="x.", retrieved=True), Step(2, answer="a")])
 >>> repeated_queries(t), retrieval_rewards([t], RetrievalConfig()), retrieval_rewards([t], RetrievalConfig(repeat_penalty=0.25))
 (1, [1.0], [0.75])
 """
@@ -29,8 +33,8 @@ class RetrievalConfig(Section):
 
 
 def issued_queries(traj: Trajectory) -> list[str]:
-    """The non-empty queries the trajectory sent."""
-    return [q for q in traj.queries if q.strip()]
+    """The non-empty queries the retriever answered (parsed but unexecuted queries do not count)."""
+    return [s.query for s in traj.steps if s.query is not None and s.query.strip() and s.retrieved]
 
 
 def repeated_queries(traj: Trajectory) -> int:

@@ -22,7 +22,8 @@ class RewardOutput:
     logging; ``violations`` the named format violations (``step2:multiple_answers``); ``missing``
     the judge results that could not be obtained (``outcome:timeout``); ``dropped`` is True when
     the judge failure policy is ``drop`` and a needed result was missing: the trainer should leave
-    the sample out of the batch.
+    the sample out of the batch, and for a trajectory the infrastructure ended (``backend_error``,
+    ``retrieval_failed``) under the recipe's default ``infra_failure: drop``.
     """
 
     total: float
@@ -49,7 +50,7 @@ def summarize(outputs: Sequence[RewardOutput]) -> dict[str, float]:
     >>> a = RewardOutput(1.0, [1.0], {"f1": 1.0})
     >>> b = RewardOutput(-1.0, [-1.0], {"f1": 0.0}, missing=["outcome:timeout"], dropped=True)
     >>> summarize([a, b])
-    {'reward/total': 0.0, 'reward/f1': 0.5, 'reward/judge_missing': 1.0, 'reward/dropped': 1.0}
+    {'reward/total': 0.0, 'reward/f1': 0.5, 'reward/judge_missing': 1.0, 'reward/infra_failures': 0.0, 'reward/dropped': 1.0}
     """
     if not outputs:
         return {}
@@ -62,5 +63,6 @@ def summarize(outputs: Sequence[RewardOutput]) -> dict[str, float]:
         vals = [o.components[k] for o in outputs if k in o.components]
         out[f"reward/{k}"] = sum(vals) / len(vals)
     out["reward/judge_missing"] = float(sum(len(o.missing) for o in outputs))
+    out["reward/infra_failures"] = float(sum(o.components.get("infra_failure", 0.0) >= 1.0 for o in outputs))
     out["reward/dropped"] = float(sum(o.dropped for o in outputs))
     return out

@@ -4,25 +4,50 @@ It is a :class:`~r3rag.rollout.backends.base.PolicyBackend` like the model backe
 the context it is given:
 
 1. it finds which question the context is about (the question text in the prompt);
-2. it counts the documents blocks after the question: ``i`` blocks means ``i`` sub-questions
-   have been asked;
-3. if ``i > 0`` it checks that the answer of sub-question ``i`` appears (case-insensitively) in the
-   documents shown so far (all blocks: with de-duplication a passage retrieved again is not shown
-   twice), i.e. in what retrieval actually returned; if not, it gives up honestly and answers
-   ``unknown``;
-4. otherwise it asks sub-question ``i + 1`` verbatim (the world fills earlier answers into later
+2. it counts the documents blocks after the question: ``i`` blocks means ``i`` queries have been
+   answered by the environment;
+3. if ``i > 0`` it checks that the answer of the sub-question just asked appears
+   (case-insensitively) in the documents shown so far (all blocks: with de-duplication a passage
+   retrieved again is not shown twice), i.e. in what retrieval actually returned; if not, it gives
+   up honestly and answers ``unknown``;
+4. otherwise it asks the next sub-question verbatim (the world fills earlier answers into later
    sub-questions), or, when every sub-answer has been seen, writes the gold final answer.
 
 Its accuracy through a retriever is therefore the share of questions whose every gold hop is
 retrievable with the literal sub-question: the retrieval upper bound of the world for a policy that
-copies the decomposition, and a teacher for cold-start data on the world. Turns are written with
-the format's :meth:`render_turn`, so the oracle works in every format and mode.
+copies the decomposition. Turns are written with the format's :meth:`render_turn`, so the oracle
+works in every format and mode.
+
+**Teacher variety** (``variety=OracleVariety(...)``, what cold-start data uses): a student trained on
+one fixed script learns the string, not the skill, so the oracle then behaves like a real teacher:
+
+- queries are paraphrased (verbatim, keyword form, lower-case statement);
+- the analysis is written in one of several wordings per situation;
+- sometimes (``waste_prob``) it spends a step on a wasted query (the whole question, too broad)
+  or a redundant one (re-checking the previous fact), then says so and asks the right one;
+- when the sub-answer is not in the documents it rephrases and searches again
+  (``max_retries`` per sub-question; de-duplication then shows the next passages of the ranking)
+  before giving up, as long as the remaining steps (``max_steps``) still allow an answer.
+
+It stays deterministic and stateless: each step's choices come from a random generator seeded by
+``(seed, question id, trajectory key, step)``, where the trajectory key is the sampling seed at
+step 0 (fixed for temperature 0, so the greedy attempt is reproducible) and the text of the
+oracle's own first turn afterwards. To know where it is, the oracle *replays* its decisions for
+steps ``0..i-1`` from the documents in the context (the same pure function), so no state is kept
+between calls and a resumed run writes the same text.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
+import re
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
+from r3rag.config import Section
 from r3rag.data.records import Question
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, PolicyBackend
 from r3rag.rollout.formats.base import TrajectoryFormat
@@ -31,12 +56,106 @@ from r3rag.rollout.tokens import encode
 UNKNOWN = "unknown"
 
 
+class OracleVariety(Section):
+    """How varied the teacher oracle is (``None`` on the backend: the plain fixed script)."""
+
+    seed: int = 0
+    waste_prob: float = Field(0.15, ge=0.0, le=1.0, description="chance per step of a wasted or redundant query")
+    max_retries: int = Field(1, ge=0, description="rephrased searches per sub-question whose answer was not found")
+    max_steps: int = Field(5, ge=1, description="the rollout's step cap: extra queries only when an answer still fits")
+    paraphrase: bool = True
+
+
+# ---- wordings ------------------------------------------------------------------------------------
+_FIRST = (
+    "To answer this I first need to know: {sq}",
+    "The question depends on another fact. Let me look up: {sq}",
+    "First I should find out {sq_l}",
+    "I will start with the first unknown: {sq}",
+    "Before answering, I need one fact: {sq}",
+)
+_KNOWN = (
+    "We found {ans}. ",
+    "The documents show {ans}. ",
+    "So the answer to the previous part is {ans}. ",
+    "From the retrieved passage: {ans}. ",
+    "Good, that gives {ans}. ",
+)
+_NEXT = (
+    "Next we need to know: {sq}",
+    "Now I need to find out {sq_l}",
+    "The remaining question is: {sq}",
+    "With that, the next thing to look up is: {sq}",
+    "Then: {sq}",
+)
+_ANSWER = (
+    "The documents give {facts}, which answers the question.",
+    "Putting it together: {facts}. That is enough to answer.",
+    "Based on the retrieved facts ({facts}), I can answer now.",
+    "We now know {facts}, so the answer follows.",
+)
+_WASTE_BROAD = (
+    "Let me first search for the whole question.",
+    "Maybe one search for the full question finds it directly.",
+    "I will try the question as it is.",
+)
+_AFTER_BROAD = (
+    "That search was too broad: the documents do not answer it directly. I need to break it down. ",
+    "Searching the whole question did not help; I should ask for one fact at a time. ",
+    "Those documents are not specific enough. ",
+)
+_WASTE_RECHECK = (
+    "Let me double-check that {ans} is right: {sq}",
+    "Before going on, I want to confirm {ans} once more.",
+    "I am not fully sure about {ans}; let me search again.",
+)
+_AFTER_RECHECK = (
+    "The documents confirm {ans}. ",
+    "Confirmed: {ans}. ",
+    "Yes, it is {ans}. ",
+)
+_RETRY = (
+    "The documents do not mention the answer to {sq!r}. Let me rephrase the search.",
+    "Those passages do not say it. I will search again with other words.",
+    "Nothing about that here; a different query may find the right passage.",
+)
+_GIVE_UP = "The documents do not say {sq!r}; I cannot tell."
+
+_STOPWORDS = frozenset(
+    "a an the of in on at to for by was is were are did does do who whom whose what which when where why how "
+    "many much year".split()
+)
+
+
+def _keywords(text: str) -> str:
+    words = re.findall(r"[\w'-]+", text)
+    kept = [w for w in words if w.lower() not in _STOPWORDS]
+    return " ".join(kept) or text
+
+
+def _statement(text: str) -> str:
+    return text.rstrip("?").strip()
+
+
+@dataclass
+class _Action:
+    kind: str  # ask | retry | waste_broad | waste_recheck | answer | give_up
+    target: int = -1  # the sub-question index asked (ask/retry), or the one re-checked
+
+
 class OracleBackend(PolicyBackend):
     name = "oracle"
 
-    def __init__(self, questions: list[Question], fmt: TrajectoryFormat, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        questions: list[Question],
+        fmt: TrajectoryFormat,
+        tokenizer: Any,
+        variety: OracleVariety | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.fmt = fmt
+        self.variety = variety
         # longest question text first, so a question contained in another is not matched by mistake
         self._questions = sorted(questions, key=lambda q: -len(q.question))
         self.gave_up = 0
@@ -57,6 +176,8 @@ class OracleBackend(PolicyBackend):
             return GenerationOutput([], "", None, "error", error="oracle: question not found in the context")
         q, after = found
         history = req.prompt_text[after:]
+        if self.variety is not None:
+            return self._out(self._varied(q, history, req), req)
         marker = self.fmt.documents_marker
         i = history.count(marker)
         decomposition = q.metadata.get("decomposition") or []
@@ -76,6 +197,98 @@ class OracleBackend(PolicyBackend):
             facts = ", ".join(d["answer"] for d in decomposition)
             text = self.fmt.render_turn(i, f"The documents give {facts}, which answers the question.", answer=answer)
         return self._out(text, req)
+
+    # ---- the varied teacher ---------------------------------------------------------------------
+    def _rng(self, q: Question, key: str, step: int) -> random.Random:
+        assert self.variety is not None
+        digest = hashlib.sha256(f"{self.variety.seed}|{q.id}|{key}|{step}".encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "big"))
+
+    def _decide(self, q: Question, k: int, j: int, unresolved: int, last: _Action | None, tries: dict[int, int], rng: random.Random) -> _Action:
+        """The action at step ``k``: ``j`` sub-questions resolved, ``unresolved`` the one whose search
+        just failed (-1 if none)."""
+        v = self.variety
+        assert v is not None
+        n = len(q.metadata.get("decomposition") or [])
+        left = v.max_steps - k  # steps left, this one included
+        if unresolved >= 0:
+            if tries.get(unresolved, 0) < v.max_retries and left >= n - unresolved + 1:
+                return _Action("retry", unresolved)
+            return _Action("give_up", unresolved)
+        if j >= n:
+            return _Action("answer")
+        roll = rng.random()
+        if k >= 1 and last is not None and last.kind in ("ask", "retry") and left >= n - j + 2 and roll < v.waste_prob:
+            return _Action("waste_recheck", j - 1) if j > 0 and rng.random() < 0.5 else _Action("waste_broad")
+        return _Action("ask", j)
+
+    def _varied(self, q: Question, history: str, req: GenerationRequest) -> str:
+        marker = self.fmt.documents_marker
+        positions = [m.start() for m in re.finditer(re.escape(marker), history)] if marker else []
+        i = len(positions)
+        decomposition = q.metadata.get("decomposition") or []
+        greedy = req.params.temperature <= 0
+        first_key = "greedy" if greedy else f"s{req.params.seed}"
+        later_key = history[: positions[0]] if positions else ""
+        # replay the decisions of steps 0..i (pure function of the documents shown)
+        j, unresolved, last, tries = 0, -1, None, {}
+        for k in range(i + 1):
+            if k > 0 and last is not None and last.kind in ("ask", "retry"):
+                seen = history[positions[0]: positions[k] if k < i else len(history)]
+                if decomposition[last.target]["answer"].lower() in seen.lower():
+                    j, unresolved = last.target + 1, -1
+                else:
+                    unresolved = last.target
+            elif k > 0:
+                unresolved = -1
+            rng = self._rng(q, first_key if k == 0 else later_key, k)
+            action = self._decide(q, k, j, unresolved, last, tries, rng)
+            if action.kind == "retry":
+                tries[action.target] = tries.get(action.target, 0) + 1
+            if k < i:
+                last = action
+        return self._render(q, i, action, last, j, rng)
+
+    def _query_form(self, text: str, rng: random.Random, avoid: str | None = None) -> str:
+        v = self.variety
+        assert v is not None
+        forms = [text, _keywords(text), _statement(text).lower()] if v.paraphrase else [text]
+        if avoid is not None and len(forms) > 1:
+            forms = [f for f in forms if f != avoid] or forms
+            return forms[0] if avoid != text else forms[rng.randrange(len(forms))]
+        weights = [5, 3, 2][: len(forms)]
+        return rng.choices(forms, weights=weights)[0]
+
+    def _render(self, q: Question, i: int, action: _Action, last: _Action | None, j: int, rng: random.Random) -> str:
+        dec = q.metadata.get("decomposition") or []
+        lead = ""
+        if last is not None and last.kind == "waste_broad":
+            lead = rng.choice(_AFTER_BROAD)
+        elif last is not None and last.kind == "waste_recheck":
+            lead = rng.choice(_AFTER_RECHECK).format(ans=dec[last.target]["answer"])
+        elif last is not None and last.kind in ("ask", "retry") and action.kind not in ("retry", "give_up") and j > 0:
+            lead = rng.choice(_KNOWN).format(ans=dec[j - 1]["answer"])
+        if action.kind == "ask":
+            sq = dec[action.target]["question"]
+            wording = _FIRST if i == 0 else _NEXT
+            analysis = lead + rng.choice(wording).format(sq=sq, sq_l=_statement(sq)[:1].lower() + _statement(sq)[1:] + ".")
+            return self.fmt.render_turn(i, analysis.strip(), query=self._query_form(sq, rng))
+        if action.kind == "retry":
+            sq = dec[action.target]["question"]
+            analysis = rng.choice(_RETRY).format(sq=sq)
+            return self.fmt.render_turn(i, analysis, query=self._query_form(sq, rng, avoid=sq))
+        if action.kind == "waste_broad":
+            return self.fmt.render_turn(i, (lead + rng.choice(_WASTE_BROAD)).strip(), query=q.question)
+        if action.kind == "waste_recheck":
+            sub = dec[action.target]
+            analysis = lead + rng.choice(_WASTE_RECHECK).format(ans=sub["answer"], sq=sub["question"])
+            return self.fmt.render_turn(i, analysis.strip(), query=self._query_form(sub["question"], rng))
+        if action.kind == "give_up":
+            self.gave_up += 1
+            return self.fmt.render_turn(i, _GIVE_UP.format(sq=dec[action.target]["question"]), answer=UNKNOWN)
+        answer = q.golden_answers[0] if q.golden_answers else UNKNOWN
+        facts = ", ".join(d["answer"] for d in dec) or "what I know"
+        return self.fmt.render_turn(i, (lead + rng.choice(_ANSWER).format(facts=facts)).strip(), answer=answer)
 
     def _out(self, text: str, req: GenerationRequest) -> GenerationOutput:
         ids = encode(self.tokenizer, text)

@@ -13,6 +13,24 @@ mask (1 on ``model`` tokens, 0 elsewhere) comes from one place and nothing is re
 On top of the segments a trajectory keeps its *steps* (analysis, query or answer, the documents
 that query brought back) and why it stopped. Rewards, SFT export, RL, evaluation and the demo
 all read this one structure.
+
+What a trainer reads, from the trajectory alone:
+
+- :attr:`Trajectory.token_ids` and :attr:`Trajectory.loss_mask`: the exact context and which
+  tokens the policy sampled. The mask refuses (:class:`~r3rag.errors.NotTrainableError`) when the
+  ids are not known to be the model's own (:attr:`Trajectory.exact_ids` is False: a chat endpoint
+  that re-renders the conversation, or a text-only server whose text was re-tokenised here);
+- :attr:`Trajectory.step_spans`: which model segment each step owns, as a token range; a step's
+  reward goes on its last token (``span.end - 1``). Every step has exactly one model segment;
+- :attr:`Trajectory.trainable`: False for inexact ids and for infrastructure failures
+  (:data:`INFRA_FAILURES`: the backend or the retriever failed, not the policy), which reward
+  recipes drop instead of penalising.
+
+>>> t = Trajectory("q", "?", "r3rag_steps", segments=[Segment("prompt", "P", [1, 2]),
+...     Segment("model", "Q", [3, 4]), Segment("env", "D", [5]), Segment("model", "A", [6])],
+...     steps=[Step(0, query="x", segment=1), Step(1, answer="y", segment=3)], stop_reason="answered")
+>>> t.loss_mask, [(s.step, s.start, s.end) for s in t.step_spans], t.trainable
+([0, 0, 1, 1, 0, 1], [(0, 2, 4), (1, 5, 6)], True)
 """
 
 from __future__ import annotations
@@ -21,10 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from r3rag.data.records import Passage
+from r3rag.errors import NotTrainableError
 
 Role = Literal["prompt", "model", "env"]
-StopReason = Literal["answered", "max_steps", "max_tokens", "format_error", "retrieval_failed"]
-STOP_REASONS: tuple[str, ...] = ("answered", "max_steps", "max_tokens", "format_error", "retrieval_failed")
+StopReason = Literal["answered", "max_steps", "max_tokens", "format_error", "retrieval_failed", "backend_error"]
+STOP_REASONS: tuple[str, ...] = (
+    "answered", "max_steps", "max_tokens", "format_error", "retrieval_failed", "backend_error",
+)
+#: stop reasons that are the infrastructure's fault, never the policy's: not scored, not trained on
+INFRA_FAILURES: frozenset[str] = frozenset({"retrieval_failed", "backend_error"})
 
 
 @dataclass
@@ -47,7 +70,9 @@ class Step:
     """One reasoning step: the model's analysis, then either a query (with its documents) or an answer.
 
     ``format_error`` names what was wrong with the model's turn (``None`` when it parsed).
-    ``raw`` is the model text of this step exactly as generated.
+    ``raw`` is the model text of this step exactly as generated. ``segment`` is the index, in the
+    trajectory's segments, of the model segment holding that text. ``retrieved`` is True once the
+    retriever answered this step's query (its documents, possibly none new, were inserted).
     """
 
     index: int
@@ -57,6 +82,8 @@ class Step:
     documents: list[Passage] = field(default_factory=list)
     format_error: str | None = None
     raw: str = ""
+    segment: int | None = None
+    retrieved: bool = False
 
     @property
     def is_query(self) -> bool:
@@ -75,6 +102,8 @@ class Step:
             "documents": [p.to_dict() for p in self.documents],
             "format_error": self.format_error,
             "raw": self.raw,
+            "segment": self.segment,
+            "retrieved": self.retrieved,
         }
 
     @classmethod
@@ -87,7 +116,22 @@ class Step:
             documents=[Passage.from_dict(p) for p in d.get("documents", [])],
             format_error=d.get("format_error"),
             raw=d.get("raw", ""),
+            segment=d.get("segment"),
+            retrieved=bool(d.get("retrieved", False)),
         )
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """Step ``step`` owns ``token_ids[start:end]`` (its model segment); its last token is ``end - 1``."""
+
+    step: int
+    start: int
+    end: int
+
+    @property
+    def last(self) -> int:
+        return self.end - 1
 
 
 @dataclass
@@ -117,16 +161,58 @@ class Trajectory:
 
     @property
     def num_retrievals(self) -> int:
-        return len(self.queries)
+        """Queries the retriever answered (a parsed query that was never executed does not count)."""
+        return sum(1 for s in self.steps if s.query is not None and s.retrieved)
 
     @property
     def token_ids(self) -> list[int]:
         return [t for s in self.segments for t in s.token_ids]
 
     @property
+    def exact_ids(self) -> bool:
+        """True when every model segment holds the ids the policy sampled in exactly this context."""
+        return bool(self.metadata.get("exact_ids", True))
+
+    @property
+    def infra_failed(self) -> bool:
+        """The trajectory ended because the backend or the retriever failed (not the policy)."""
+        return self.stop_reason in INFRA_FAILURES
+
+    @property
+    def trainable(self) -> bool:
+        """May a trainer learn from it? Needs exact ids and no infrastructure failure."""
+        return self.exact_ids and not self.infra_failed
+
+    @property
     def loss_mask(self) -> list[int]:
-        """1 for every token the policy sampled, 0 for prompt and environment tokens."""
+        """1 for every token the policy sampled, 0 for prompt and environment tokens.
+
+        Raises :class:`~r3rag.errors.NotTrainableError` when the ids are not exact: a mask over
+        ids the model never saw would train it on a context it did not produce."""
+        if not self.exact_ids:
+            raise NotTrainableError(
+                f"trajectory {self.question_id}#{self.sample_index}: token ids are not exact "
+                "(an OpenAI-compatible chat or text-only server produced them); use it for SFT text, not as token-level training data"
+            )
         return [1 if s.role == "model" else 0 for s in self.segments for _ in s.token_ids]
+
+    @property
+    def step_spans(self) -> list[StepSpan]:
+        """One :class:`StepSpan` per step, in step order (token offsets into :attr:`token_ids`)."""
+        starts: list[int] = []
+        pos = 0
+        for seg in self.segments:
+            starts.append(pos)
+            pos += len(seg.token_ids)
+        spans: list[StepSpan] = []
+        for st in self.steps:
+            if st.segment is None or not 0 <= st.segment < len(self.segments):
+                raise ValueError(f"trajectory {self.question_id}: step {st.index} has no model segment")
+            seg = self.segments[st.segment]
+            if seg.role != "model" or not seg.token_ids:
+                raise ValueError(f"trajectory {self.question_id}: step {st.index} points at a {seg.role} segment")
+            spans.append(StepSpan(st.index, starts[st.segment], starts[st.segment] + len(seg.token_ids)))
+        return spans
 
     @property
     def text(self) -> str:
@@ -163,6 +249,7 @@ class Trajectory:
             "sample_index": self.sample_index,
             "golden_answers": self.golden_answers,
             "stop_reason": self.stop_reason,
+            "trainable": self.trainable,
             "answer": self.answer,
             "counts": self.counts,
             "steps": [s.to_dict() for s in self.steps],

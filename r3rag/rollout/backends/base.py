@@ -19,7 +19,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from r3rag.errors import R3RagError
+
 FinishReason = Literal["stop", "eos", "length", "error"]
+
+
+class WeightUpdateError(R3RagError):
+    """The backend cannot take new weights from this process (e.g. a remote HTTP server)."""
 
 
 @dataclass
@@ -89,6 +95,15 @@ class PolicyBackend(ABC):
                 reqs.append(GenerationRequest(ids, ctx, params))
         outs = self.generate_batch(reqs)
         return [outs[i * n:(i + 1) * n] for i in range(len(contexts))]
+
+    def clear_cache(self) -> None:
+        """Drop whatever the backend caches from earlier calls (default: nothing cached)."""
+
+    def update_weights(self, state_dict: Any = None) -> None:
+        """Make the next call generate with new weights: load ``state_dict`` (``None``: the model
+        object was updated in place) and drop every cache the old weights filled. A backend whose
+        weights live elsewhere (a remote server) raises :class:`WeightUpdateError`."""
+        raise WeightUpdateError(f"the {self.name or type(self).__name__} backend cannot update its weights from this process")
 
     async def aclose(self) -> None:  # pragma: no cover - default: nothing to release
         return None

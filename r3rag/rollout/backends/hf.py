@@ -12,7 +12,9 @@ with their log-probs:
    ``torch.cat``-copying every row's keys/values;
 2. each step, for every unfinished row: greedy (temperature 0) or sample from
    ``softmax(logits / T)`` (optional top-p) with the row's own ``torch.Generator`` (seeded), record
-   the token and its log-prob under the model's *unscaled* distribution;
+   the token and its log-prob under the distribution it was drawn from (temperature and top-p
+   applied; greedy rows: the raw model distribution), which is what a trainer's importance ratio
+   compares against;
    (a request with ``forced_ids`` emits those ids instead: teacher forcing, same cost);
 3. a row finishes on an EOS id, when the tail of its decoded text contains one of its stop strings
    (the stop string stays in the output), or at its ``max_tokens``; once a quarter of the rows
@@ -144,6 +146,7 @@ class HFBackend(PolicyBackend):
         # prompt prefixes common to all first turns (system prompt): prefilled once, kept
         self.shared = SharedPrefixes(min_tokens=shared_prefix_tokens if prefix_cache else 0)
         self._lock = threading.Lock()
+        self.weight_version = 0
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if isinstance(gen_eos, int):
@@ -211,25 +214,27 @@ class HFBackend(PolicyBackend):
             for _ in range(max_new):
                 if all(f is not None for f in finish):
                     break
-                logp = torch.log_softmax(logits, dim=-1)
+                logp = torch.log_softmax(logits, dim=-1)  # raw model log-probs (greedy rows)
                 nxt = torch.full((len(rows),), self.pad_id, dtype=torch.long)
                 for j, b in enumerate(rows):
                     if finish[b] is not None:
                         continue
                     r = reqs[b]
                     t = r.params.temperature
-                    if r.forced_ids is not None:
-                        tok = r.forced_ids[len(toks[b])]
-                    elif t <= 0:
-                        tok = int(torch.argmax(logits[j]))
-                    else:
+                    probs = None
+                    if t > 0:  # the distribution sampled from: logits / T, then top-p
                         probs = torch.softmax(logits[j] / t, dim=-1).cpu()
                         if r.params.top_p < 1.0:
                             probs = _top_p(probs, r.params.top_p)
+                    if r.forced_ids is not None:
+                        tok = r.forced_ids[len(toks[b])]
+                    elif probs is None:
+                        tok = int(torch.argmax(logits[j]))
+                    else:
                         tok = int(torch.multinomial(probs, 1, generator=gens[b]))
                     nxt[j] = tok
                     toks[b].append(tok)
-                    lps[b].append(float(logp[j, tok]))
+                    lps[b].append(float(logp[j, tok]) if probs is None else float(torch.log(probs[tok])))
                     if r.forced_ids is not None:
                         if len(toks[b]) >= len(r.forced_ids):
                             finish[b] = "eos" if tok in self.eos_ids else "stop"
@@ -411,9 +416,20 @@ class HFBackend(PolicyBackend):
         return [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers]
 
     def clear_cache(self) -> None:
+        """Forget every kept key/value (turn prefixes and shared prompt prefixes)."""
         self._kv.clear()
         self._kv_bytes = 0
         self.shared.clear()
+
+    def update_weights(self, state_dict: Any = None) -> None:
+        """Load ``state_dict`` into the model (``None``: the trainer changed the shared model object
+        in place) and drop every cached key/value, which the old weights computed."""
+        if state_dict is not None:
+            with self._lock:
+                self.model.load_state_dict(state_dict, strict=True)
+        with self._lock:
+            self.clear_cache()
+        self.weight_version += 1
 
 
 def _preallocate(cache: Any, extra: int) -> None:

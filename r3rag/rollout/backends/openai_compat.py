@@ -5,9 +5,12 @@ For a vLLM server or a hosted teacher model. Requests of a round are sent concur
 
 Token ids: a vLLM server returns the sampled ids when asked
 (``return_tokens_as_token_ids`` with ``logprobs``: every token reads ``token_id:N``); those are
-used as they are (``exact_ids=True``). A server that returns only text (a hosted API) gets its
-text tokenised locally and the output is flagged ``exact_ids=False`` (the trajectory records it in
-``metadata["exact_ids"]``): fine for cold-start data, not for RL log-probs.
+used as they are (``exact_ids=True``) on the completions endpoint. The chat endpoint re-renders
+the conversation on the server, so its ids are not known to follow our context: flagged
+``exact_ids=False`` even with ids. A server that returns only text (a hosted API) gets its
+text tokenised locally and is flagged ``exact_ids=False`` too. The trajectory records it
+(:attr:`~r3rag.rollout.trajectory.Trajectory.exact_ids`) and its ``loss_mask`` then refuses: fine
+for cold-start SFT text, not for token-level RL.
 
 Stop strings: OpenAI servers strip the matched stop string; we add it back (``stop_string``
 from ``finish_reason == "stop"`` and the ``stop_reason`` field vLLM returns), so the text matches
@@ -148,7 +151,9 @@ class OpenAICompatBackend(PolicyBackend):
         ids = _ids_from_tokens(tokens) if tokens else None
         if ids is not None:
             text = decode(self.tokenizer, ids)
-            exact = True
+            # the chat endpoint renders the conversation itself: the ids are what the server's
+            # model sampled, but its context is the server's rendering, not known to be ours
+            exact = self.endpoint != "chat"
         else:
             if raw_finish == "stop" and stop_string and not text.endswith(stop_string):
                 text += stop_string  # server stripped it

@@ -17,7 +17,14 @@ from typing import Any
 from r3rag.errors import R3RagError
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, PolicyBackend
 
-VLLM_AVAILABLE = importlib.util.find_spec("vllm") is not None
+
+def _real_vllm() -> bool:
+    """vLLM is importable and is not the CPU import stand-in of train/envs/standins/."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and "standins" not in (spec.origin or "")
+
+
+VLLM_AVAILABLE = _real_vllm()
 
 
 class VLLMUnavailable(R3RagError):
@@ -47,7 +54,9 @@ def _sampling(vllm: Any, req: GenerationRequest) -> Any:
     )
 
 
-def _convert(completion: Any, eos_id: int | None) -> GenerationOutput:
+def completion_to_output(completion: Any, eos_id: int | None) -> GenerationOutput:
+    """One vLLM ``CompletionOutput`` (``RequestOutput.outputs[i]``) as a :class:`GenerationOutput`:
+    ids as sampled, each sampled token's log-prob when requested, the finish reason mapped."""
     ids = list(completion.token_ids)
     lps = None
     if completion.logprobs:
@@ -61,6 +70,9 @@ def _convert(completion: Any, eos_id: int | None) -> GenerationOutput:
     else:
         finish = "eos" if ids and ids[-1] == eos_id else "stop"
     return GenerationOutput(ids, completion.text, lps, finish, stop_string=stop)  # type: ignore[arg-type]
+
+
+_convert = completion_to_output  # the older private name
 
 
 class VLLMBackend(PolicyBackend):
@@ -84,7 +96,7 @@ class VLLMBackend(PolicyBackend):
         params = [_sampling(self._vllm, r) for r in requests]
         results = self.llm.generate(prompts, params, use_tqdm=False)
         eos = self.tokenizer.eos_token_id
-        return [_convert(res.outputs[0], eos) for res in results]
+        return [completion_to_output(res.outputs[0], eos) for res in results]
 
 
 class AsyncVLLMBackend(PolicyBackend):
@@ -115,7 +127,7 @@ class AsyncVLLMBackend(PolicyBackend):
             final = out
         if final is None:
             return GenerationOutput([], "", None, "error", error="vllm returned nothing")
-        return _convert(final.outputs[0], self.tokenizer.eos_token_id)
+        return completion_to_output(final.outputs[0], self.tokenizer.eos_token_id)
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))

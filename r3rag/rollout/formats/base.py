@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from r3rag.data.records import Passage
+from r3rag.rollout.formats.rules import FormatConfig, Violation, strip_end
 
 Mode = Literal["chat", "raw"]
 
@@ -231,11 +232,15 @@ class TrajectoryFormat(ABC):
                 turns[-1] = (turns[-1][0], docs)
         return self.conversation(traj.question, turns)
 
+    # ---- format rules (rewards) ---------------------------------------------------------------
+    @classmethod
+    def format_violations(cls, traj: Any, cfg: FormatConfig) -> list[Violation]:
+        """The named rules ``traj`` (a trajectory in this format) breaks, read from the model's own
+        text; the rewards' format checks call this. A format without rules cannot be scored for
+        format and says so."""
+        raise ValueError(f"format {cls.name!r} declares no format rules (override format_violations)")
+
     # ---- shared helpers -----------------------------------------------------------------------
     def _strip_end(self, text: str) -> str:
-        """The turn without trailing EOS text and whitespace."""
-        eos = self.eos_text
-        text = text.rstrip()
-        if eos and text.endswith(eos):
-            text = text[: -len(eos)].rstrip()
-        return text
+        """The turn without trailing EOS text and whitespace (:func:`~r3rag.rollout.formats.rules.strip_end`)."""
+        return strip_end(text, [self.eos_text] if self.eos_text else [])

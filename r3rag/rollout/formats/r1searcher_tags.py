@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from r3rag.data.records import Passage
 from r3rag.rollout.formats.base import ParsedTurn, TrajectoryFormat, has_runaway_repetition
+from r3rag.rollout.formats.r1searcher_tags_rules import check_r1searcher
 from r3rag.rollout.formats.registry import register_format
 
 BEGIN_QUERY, END_QUERY = "<|begin_of_query|>", "<|end_of_query|>"
@@ -27,6 +28,8 @@ class R1SearcherTagsFormat(TrajectoryFormat):
     system_template = "r1searcher_tags_system.txt"
     raw_template = "r1searcher_tags_raw.txt"
     documents_marker = BEGIN_DOCS
+    #: the format's rules (rewards): see :mod:`r3rag.rollout.formats.r1searcher_tags_rules`
+    format_violations = staticmethod(check_r1searcher)
 
     def parse_turn(self, text: str, step_index: int) -> ParsedTurn:
         body = self._strip_end(text)

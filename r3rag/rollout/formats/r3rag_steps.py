@@ -18,6 +18,7 @@ import re
 
 from r3rag.data.records import Passage
 from r3rag.rollout.formats.base import ParsedTurn, TrajectoryFormat, has_runaway_repetition
+from r3rag.rollout.formats.r3rag_steps_rules import check_r3rag
 from r3rag.rollout.formats.registry import register_format
 
 ANALYSIS = "The problem analysis:"
@@ -39,6 +40,8 @@ class R3RagStepsFormat(TrajectoryFormat):
     system_template = "r3rag_steps_system.txt"
     raw_template = "r3rag_steps_raw.txt"
     documents_marker = DOCUMENTS
+    #: the format's rules (rewards): see :mod:`r3rag.rollout.formats.r3rag_steps_rules`
+    format_violations = staticmethod(check_r3rag)
 
     def parse_turn(self, text: str, step_index: int) -> ParsedTurn:
         body = self._strip_end(text)

@@ -1,11 +1,16 @@
+#!/usr/bin/env python
 """Run the oracle policy on the embedded world through real BM25 retrieval and score it.
 
-``python -m r3rag.rollout.oracle_eval --size small --seed 0`` builds the world and a BM25 index
-under ``--work`` (reused when present), serves the index over HTTP on 127.0.0.1 (or searches it
-in-process with ``--in-process``), runs the oracle in each requested format and prints one JSON
-line per format and a summary last: exact match of the oracle's answers against the gold
-answers (the world's retrieval upper bound for a copy-the-decomposition policy), the share of
-questions where it gave up, and retrieval calls per round.
+    python benchmark/oracle_eval.py --size small --seed 0               # through the HTTP service
+    python benchmark/oracle_eval.py --in-process --set rollout.docs_per_step=3
+
+Builds the world and its BM25 index under ``--work`` (reused when present), serves the index over
+HTTP on 127.0.0.1 (or searches it in-process with ``--in-process``), runs the oracle in each
+requested format and prints one JSON line per format and a summary last: exact match of the
+oracle's answers against the gold answers (the world's retrieval upper bound for a
+copy-the-decomposition policy), the share of questions where it gave up, the stop reasons, and
+retrieval calls per round. The oracle writes text, so it runs with the library's built-in ChatML
+tokenizer.
 """
 
 from __future__ import annotations
@@ -17,36 +22,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from r3rag.cli import ArgumentParser
-from r3rag.config import Section, add_config_args, load_config
-from r3rag.rollout.config import RolloutConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from r3rag.cli import ArgumentParser, run_main  # noqa: E402
+from r3rag.config import Section, add_config_args, load_config  # noqa: E402
+from r3rag.rollout.config import RolloutConfig  # noqa: E402
 
 
 class OracleEvalConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
 
 
-def prepare_world(work: Path, seed: int, size: str) -> tuple[Path, Path]:
-    """World files and a BM25 index under ``work`` (built once, reused afterwards)."""
-    from r3rag.retrieval.bm25_index import build_bm25
-    from r3rag.world import build_world
-
-    world, index = work / f"world-{size}-{seed}", work / f"bm25-{size}-{seed}"
-    if not (world / "manifest.json").is_file():
-        build_world(world, seed=seed, size=size)
-    if not (index / "manifest.json").is_file():
-        build_bm25(world / "corpus.jsonl", index, show_progress=False)
-    return world, index
-
-
-async def run_formats(questions: list[Any], retriever: Any, cfg: RolloutConfig, formats: list[str], out_dir: Path | None) -> list[dict[str, Any]]:
+async def run_formats(questions: list[Any], retriever: Any, cfg: RolloutConfig, formats: list[str],
+                      out_dir: Path | None) -> list[dict[str, Any]]:
     from r3rag.metrics import exact_match
+    from r3rag.rollout.backends.hf_loading import load_tokenizer
     from r3rag.rollout.engine import RolloutEngine
     from r3rag.rollout.formats import get_format
     from r3rag.rollout.oracle import UNKNOWN, OracleBackend
-    from r3rag.testing.tiny_models import build_tiny_tokenizer
+    from r3rag.rollout.tiny_tokenizer import TINY_TOKENIZER
 
-    tok = build_tiny_tokenizer()  # the oracle's text does not depend on the tokenizer
+    tok = load_tokenizer(TINY_TOKENIZER)  # the oracle's text does not depend on the tokenizer
     rows = []
     for name in formats:
         c = cfg.model_copy(update={"format": name})
@@ -69,18 +65,22 @@ async def run_formats(questions: list[Any], retriever: Any, cfg: RolloutConfig, 
 
 
 def main() -> int:
-    ap = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    from r3rag.rollout.formats import FORMATS
+
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="runs/oracle", help="folder for the world and its index (default: %(default)s)")
     ap.add_argument("--size", default="small", help="world size (default: %(default)s)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    ap.add_argument("--formats", nargs="+", default=["r3rag_steps", "r1searcher_tags"])
+    ap.add_argument("--seed", type=int, default=0, help="world seed (default: %(default)s)")
+    ap.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="world split (default: %(default)s)")
+    ap.add_argument("--formats", nargs="+", default=sorted(FORMATS), choices=sorted(FORMATS),
+                    help="trajectory formats (default: all registered)")
     ap.add_argument("--in-process", action="store_true", help="search the index in-process instead of over HTTP")
     ap.add_argument("--save", action="store_true", help="write the trajectories as JSONL under --work")
     add_config_args(ap)
     args = ap.parse_args()
     cfg = load_config(OracleEvalConfig, args.config, args.overrides).rollout
     from r3rag.data.readers import read_questions
+    from r3rag.evaluation.components import prepare_world
     from r3rag.retrieval.searcher import load_searcher
     from r3rag.rollout.retriever import SearcherRetriever
 
@@ -104,13 +104,11 @@ def main() -> int:
     for r in rows:
         print(json.dumps(r))
     summary = {f"oracle_em_{r['format']}": r["em"] for r in rows}
-    summary.update(split=args.split, size=args.size, seed=args.seed, docs_per_step=cfg.docs_per_step, via="in-process" if args.in_process else "service", service_requests=requests)
+    summary.update(split=args.split, size=args.size, seed=args.seed, docs_per_step=cfg.docs_per_step,
+                   via="in-process" if args.in_process else "service", service_requests=requests)
     print(json.dumps(summary))
     return 0
 
 
 if __name__ == "__main__":
-    from r3rag.cli import run_main
-
     run_main(main)
-    sys.exit(0)

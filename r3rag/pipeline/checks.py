@@ -1,0 +1,175 @@
+"""Did a stage produce something the next one can use? And what did the run show?
+
+Checked after each training stage (a failed check raises
+:class:`~r3rag.pipeline.runner.StageUnusable`, the stage is not marked done, the quickstart exits
+non-zero with the reason):
+
+- cold start: at least ``min_kept`` trajectories were kept (an empty SFT set trains nothing);
+- SFT: a checkpoint folder exists, and the logged training loss fell (mean of the last third of
+  the logged points below the mean of the first third; fewer than 2 points cannot be judged and
+  are reported as such);
+- RL: a checkpoint exists, and the run was not *both* flat in reward and filtered to nothing
+  (every group dropped by dynamic filtering in every iteration means no gradient ever flowed).
+
+The learning claims (:func:`claims`) are read off the paired differences of the report: "SFT beat
+the base" holds when the paired 95% interval of EM(SFT) - EM(base) lies above zero, likewise RL
+over SFT.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from r3rag.pipeline.runner import StageUnusable
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: names the trainers may log under (first present wins)
+REWARD_KEYS = ("reward/total", "reward", "reward/mean")
+FILTERED_KEYS = ("batch/filtered_fraction", "groups_filtered_frac")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line of a killed writer
+        if isinstance(obj, dict):
+            rows.append(obj)
+    return rows
+
+
+def is_checkpoint(d: Path) -> bool:
+    return d.is_dir() and (d / "config.json").is_file() and any((d / f).is_file() for f in WEIGHT_FILES)
+
+
+def find_checkpoint(out: Path, preferred: Iterable[str] = ("final", "model", ".")) -> Path | None:
+    """The stage's final model folder: a preferred name; else the newest ``final`` folder below
+    (a staged RL schedule writes ``OUT/<stage>/final``); else the newest folder holding weights."""
+    for name in preferred:
+        d = (out / name).resolve()
+        if is_checkpoint(d):
+            return d
+    finals = [p for p in out.rglob("final") if is_checkpoint(p)]
+    if finals:
+        return max(finals, key=lambda p: p.stat().st_mtime).resolve()
+    found = [p.parent for p in out.rglob("config.json") if is_checkpoint(p.parent)]
+    return max(found, key=lambda p: p.stat().st_mtime).resolve() if found else None
+
+
+def _first(row: dict[str, Any], keys: Iterable[str]) -> float | None:
+    for k in keys:
+        v = row.get(k)
+        if isinstance(v, (int, float)):
+            return float(v)
+    return None
+
+
+# --- cold start ----------------------------------------------------------------------------------
+
+
+def check_coldstart(out: Path, min_kept: int = 1) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for name in ("summary.json", "coldstart_summary.json"):
+        if (out / name).is_file():
+            summary = json.loads((out / name).read_text(encoding="utf-8"))
+            break
+    kept = summary.get("kept")
+    if kept is None:  # no summary: count the kept trajectories themselves
+        files = sorted(out.glob("*trajector*.jsonl"))
+        kept = sum(len(read_jsonl(f)) for f in files)
+    tried = summary.get("tried")
+    if int(kept) < min_kept:
+        raise StageUnusable(f"cold start kept {kept} trajectories (of {tried if tried is not None else '?'} questions "
+                            f"tried; at least {min_kept} needed): the teacher answered nothing correctly; "
+                            f"see {out}")
+    line = f"kept {kept}" + (f" of {tried} questions" if tried is not None else "")
+    return {"dir": str(out), "kept": int(kept), "tried": tried, "line": line}
+
+
+# --- SFT -----------------------------------------------------------------------------------------
+
+
+def sft_losses(out: Path) -> list[float]:
+    """The logged training losses, in order (LLaMA-Factory's trainer_log.jsonl, else trainer_state.json)."""
+    rows = read_jsonl(out / "trainer_log.jsonl")
+    losses = [float(r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float))]
+    if losses:
+        return losses
+    for state in sorted(out.rglob("trainer_state.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        hist = json.loads(state.read_text(encoding="utf-8")).get("log_history", [])
+        losses = [float(h["loss"]) for h in hist if isinstance(h.get("loss"), (int, float))]
+        if losses:
+            return losses
+    return []
+
+
+def loss_fell(losses: list[float]) -> bool | None:
+    """Mean of the last third below the mean of the first third; ``None`` with under 2 points."""
+    if len(losses) < 2:
+        return None
+    k = max(1, len(losses) // 3)
+    return sum(losses[-k:]) / k < sum(losses[:k]) / k
+
+
+def check_sft(out: Path, require_loss_drop: bool = True) -> dict[str, Any]:
+    ckpt = find_checkpoint(out)
+    if ckpt is None:
+        raise StageUnusable(f"SFT wrote no checkpoint (a folder with config.json and weights) under {out}")
+    losses = sft_losses(out)
+    fell = loss_fell(losses)
+    if fell is False and require_loss_drop:
+        raise StageUnusable(f"SFT loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} logged "
+                            f"points): the model learned nothing; see {out}")
+    trend = (f"loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "no loss logged") + \
+        ("" if fell is not None else " (too few points to judge)")
+    return {"dir": str(out), "checkpoint": str(ckpt), "losses": [round(x, 4) for x in losses[:: max(1, len(losses) // 50)]],
+            "loss_fell": fell, "line": f"{ckpt.name}: {trend}"}
+
+
+# --- RL ------------------------------------------------------------------------------------------
+
+
+def check_rl(out: Path) -> dict[str, Any]:
+    ckpt = find_checkpoint(out)
+    if ckpt is None:
+        raise StageUnusable(f"RL wrote no final checkpoint (a folder with config.json and weights) under {out}")
+    metrics = ckpt.parent / "metrics.jsonl" if (ckpt.parent / "metrics.jsonl").is_file() else out / "metrics.jsonl"
+    rows = [r for r in read_jsonl(metrics) if r.get("kind", "train") == "train" and _first(r, REWARD_KEYS) is not None]
+    rewards = [_first(r, REWARD_KEYS) for r in rows]
+    filtered = [_first(r, FILTERED_KEYS) for r in rows]
+    flat = len(rewards) > 0 and max(rewards) - min(rewards) < 1e-9  # type: ignore[type-var]
+    all_filtered = bool(filtered) and all(f is not None and f >= 1.0 - 1e-9 for f in filtered)
+    if flat and all_filtered:
+        raise StageUnusable(f"RL reward stayed at {rewards[0]:.3f} and dynamic filtering dropped every group in all "
+                            f"{len(rows)} iterations: no gradient ever flowed; see {out}")
+    curves = sorted(str(p) for p in out.rglob("*.png"))
+    trend = f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} over {len(rewards)} iterations" if rewards else "no reward logged"
+    return {"dir": str(out), "checkpoint": str(ckpt), "rewards": [round(float(x), 4) for x in rewards],  # type: ignore[arg-type]
+            "curves": curves, "line": f"{ckpt.name}: {trend}"}
+
+
+# --- the learning claims -------------------------------------------------------------------------
+
+
+def claim(name: str, better: str, worse: str, diff: dict[str, Any] | None, goal: float | None = None) -> dict[str, Any]:
+    """One claim from a paired EM difference ``better - worse``."""
+    if diff is None:
+        return {"name": name, "holds": None, "text": f"{name}: not measured (a run is missing)"}
+    lo, hi = diff["ci95"]
+    holds = lo > 0
+    verdict = "yes" if holds else ("no: the interval includes zero" if hi >= 0 else "no: it is worse")
+    goal_txt = ""
+    if goal is not None:
+        goal_txt = f"; goal +{goal:g} EM {'met' if diff['diff'] >= goal else 'not met'}"
+    text = (f"{better} beat {worse}: {verdict} (EM {diff['diff']:+.1f}, paired 95% CI [{lo:+.1f}, {hi:+.1f}], "
+            f"n={diff['n']}{goal_txt})")
+    return {"name": name, "holds": holds, "diff": diff["diff"], "ci95": [lo, hi], "goal": goal, "text": text}

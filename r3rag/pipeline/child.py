@@ -1,0 +1,129 @@
+"""Run a stage's program as a child process that never outlives the pipeline.
+
+A training stage (cold start, SFT, RL) is its own program. Three ways the pipeline can end
+must not leave it running, holding cores and writing into the work folder:
+
+- the stage fails or the user presses Ctrl-C: :func:`run_child` terminates it (SIGTERM, then
+  SIGKILL after a grace period) before the exception travels on;
+- SIGTERM to the pipeline: the pipeline turns it into an exception (see
+  :mod:`r3rag.pipeline.runner`), and the case above applies;
+- SIGKILL to the pipeline (nothing of ours runs): the child is started through this module's
+  ``__main__``, which asks Linux (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) to kill it when its parent
+  dies, then ``exec``s the real program (the request survives ``exec``). On systems without
+  ``prctl`` the shim just ``exec``s.
+
+The child's output goes to the terminal and, line by line, to ``log_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Sequence
+
+from r3rag.errors import R3RagError
+
+PR_SET_PDEATHSIG = 1
+
+
+class ChildFailed(R3RagError):
+    """A stage's program exited with a non-zero status."""
+
+
+def _set_parent_death_signal() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the pipeline's own cleanup is all there is
+        pass
+
+
+def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
+    for chunk in iter(lambda: src.read1(65536) if hasattr(src, "read1") else src.read(65536), b""):
+        for s in sinks:
+            try:
+                s.write(chunk)
+                s.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def run_child(
+    cmd: Sequence[str],
+    log_path: str | Path | None = None,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    echo: bool = True,
+    grace_s: float = 10.0,
+) -> None:
+    """Run ``cmd`` to completion; raise :class:`ChildFailed` on a non-zero exit or a timeout.
+
+    Any exception while waiting (KeyboardInterrupt, the pipeline's SIGTERM exception) stops the
+    child first: SIGTERM to its process group, SIGKILL after ``grace_s`` seconds."""
+    full_env = dict(os.environ if env is None else env)
+    full_env["R3RAG_PIPELINE_PARENT"] = str(os.getpid())
+    shim = [sys.executable, "-m", "r3rag.pipeline.child", "--", *cmd]
+    log = Path(log_path).open("ab") if log_path is not None else None
+    sinks: list[IO[bytes]] = [s for s in (getattr(sys.stdout, "buffer", None) if echo else None, log) if s is not None]
+    proc = subprocess.Popen(shim, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, sinks), daemon=True)
+    pump.start()
+    start = time.monotonic()
+    try:
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc, grace_s)
+            raise ChildFailed(f"{cmd[0] if cmd else '?'} ran past its {timeout_s:.0f} s limit and was stopped") from None
+    except BaseException:
+        _stop(proc, grace_s)
+        raise
+    finally:
+        pump.join(timeout=5)
+        if log is not None:
+            log.close()
+    if rc != 0:
+        where = f"; its output is in {log_path}" if log_path is not None else ""
+        raise ChildFailed(f"{' '.join(str(c) for c in cmd[:3])} ... exited with status {rc} after "
+                          f"{time.monotonic() - start:.0f} s{where}")
+
+
+def _stop(proc: subprocess.Popen, grace_s: float) -> None:
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)  # the child leads its own session: its helpers go too
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _main(argv: list[str]) -> None:
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m r3rag.pipeline.child -- PROGRAM [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    _set_parent_death_signal()
+    parent = os.environ.get("R3RAG_PIPELINE_PARENT")
+    if parent and parent.isdigit() and os.getppid() != int(parent):
+        sys.exit(137)  # the pipeline died before the request took effect
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

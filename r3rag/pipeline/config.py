@@ -1,0 +1,103 @@
+"""Settings of the training quickstart (``configs/quickstart/*.yaml``; ``--set key=value`` overrides).
+
+One file says, for every stage, what it runs on and how big it is. The training stages
+(cold start, SFT, RL) are separate programs with their own configs (``configs/coldstart``,
+``configs/sft``, ``configs/rl``); this file names which of their configs to use and adds
+``--set`` overrides for them, while the pipeline itself fills in the wiring (where the world,
+the retrieval service, the previous stage's checkpoint and the output folder are).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from r3rag.config import Section
+
+
+class WorldSection(Section):
+    seed: int = Field(0, description="world seed (the same files every time for a seed)")
+    size: str = Field("small", description="tiny | small | medium | large (held-out questions grow with it)")
+    clusters: int | None = Field(None, ge=1, description="override the size's cluster count (tests)")
+    questions_per_cluster: float | None = Field(None, ge=0, description="override the size's questions per cluster (tests)")
+
+
+class RetrievalSection(Section):
+    bm25_backend: str = Field("numpy", description="BM25 scoring in the service: numpy (no compile) | numba | auto")
+
+
+class ModelSection(Section):
+    base: str = Field("smollm2", description="the model every stage starts from: 'smollm2' (packaged), a folder or a .gguf")
+    threads: int | None = Field(None, ge=1, description="torch threads in this process (None: torch's choice)")
+
+
+class TrainStageSection(Section):
+    """A training stage run as its own program: ``python SCRIPT --config CONFIG --set ...``."""
+
+    enabled: bool = True
+    script: str = Field("", description="the stage's program, relative to the repository root")
+    config: str | None = Field(None, description="the stage's own YAML config (relative to the repository root)")
+    set: list[str] = Field(default_factory=list, description="extra --set overrides passed to the stage's program")
+    timeout_s: float | None = Field(None, gt=0, description="give up on the stage after this many seconds")
+
+
+class ColdstartSection(TrainStageSection):
+    script: str = "train/build_coldstart.py"
+    config: str | None = "configs/coldstart/world-oracle.yaml"
+    limit: int | None = Field(None, ge=1, description="teacher questions from the world's train split (None: all)")
+    min_kept: int = Field(1, ge=1, description="fewer kept trajectories than this: the stage produced nothing usable")
+
+
+class SftSection(TrainStageSection):
+    script: str = "train/sft.py"
+    config: str | None = "configs/sft/world-smollm2-cpu.yaml"
+    require_loss_drop: bool = Field(True, description="fail the stage when the training loss did not fall")
+
+
+class RlSection(TrainStageSection):
+    script: str = "train/rl.py"
+    config: str | None = "configs/rl/world-smollm2-cpu.yaml"
+    monitor_split: str = Field("test", description="world split RL evaluates on while training (not eval.split)")
+
+
+class EvalSection(Section):
+    config: str = Field("configs/evaluate/embedded-cpu.yaml", description="evaluation config every run starts from")
+    split: str = Field("dev", description="held-out world split (no stage trains on it: train is the training split)")
+    limit: int | None = Field(300, ge=1, description="the first N held-out questions (None: all)")
+    base_methods: list[str] = Field(
+        default_factory=lambda: ["rag"],
+        description="prompted methods of the base model; the best by EM is the table's 'base' row",
+    )
+    extra_methods: list[str] = Field(
+        default_factory=list, description="more prompted methods evaluated and listed (oracle, direct, r1searcher ...)"
+    )
+    base_prompt_variant: str = Field("fewshot", description="instructions for the untrained model in a step format")
+    trained_method: str = Field("r3rag_steps", description="the format the trained models are evaluated in")
+    trained_prompt_variant: str = Field("standard", description="instructions for trained checkpoints (what they trained on)")
+    batch_size: int = Field(32, ge=1)
+    set: list[str] = Field(default_factory=list, description="extra evaluation overrides for every run")
+    trained_set: list[str] = Field(default_factory=list, description="extra evaluation overrides for the SFT/RL runs")
+
+
+class ReportSection(Section):
+    bootstrap: int = Field(1000, ge=100, description="bootstrap resamples for every interval")
+    seed: int = 0
+    examples: int = Field(2, ge=0, description="questions shown before and after training")
+    fast_note: bool = Field(False, description="say that the intervals are wider (the --fast preset)")
+    require_claims: bool = Field(False, description="exit non-zero when SFT>base or RL>SFT is not shown")
+
+
+class QuickstartConfig(Section):
+    preset: str = Field("full", description="the preset's name, printed in the report")
+    work: str = Field("runs/quickstart", description="working folder: one subfolder per stage")
+    stages: list[str] = Field(
+        default_factory=lambda: ["world", "index", "coldstart", "sft", "rl", "eval", "report"],
+        description="stages run by default (--stages picks a subset)",
+    )
+    world: WorldSection = Field(default_factory=WorldSection)
+    retrieval: RetrievalSection = Field(default_factory=RetrievalSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    coldstart: ColdstartSection = Field(default_factory=ColdstartSection)
+    sft: SftSection = Field(default_factory=SftSection)
+    rl: RlSection = Field(default_factory=RlSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    report: ReportSection = Field(default_factory=ReportSection)

@@ -1,0 +1,245 @@
+"""The quickstart's report: did each stage make the model better, and by how much?
+
+Written to ``WORK/report``:
+
+- ``quickstart.md``: one table (base / SFT / RL rows: EM, F1, cover-EM, retrievals per question,
+  format-error rate, each with its 95% bootstrap interval), the paired differences SFT - base and
+  RL - SFT (and RL - base) with their 95% intervals (:mod:`r3rag.evaluation.paired`), the
+  learning claims, the time of each stage, the RL curves and the two example questions;
+- ``table.csv``, ``paired.json``, ``claims.json``: the same numbers for machines;
+- ``rl_curves*.png``: the RL stage's curves, copied;
+- ``examples.html``: for the same questions, the base model's trajectory and the trained model's,
+  rendered with the demo's own cards (:mod:`r3rag.demo.cards`).
+
+"base" is the best prompted method of the base model by EM (``eval.base_methods``); the other
+prompted runs are listed under the table. All rows are on the same held-out questions, so the
+paired differences use every question.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from r3rag.evaluation.paired import means_with_ci, paired_differences
+from r3rag.evaluation.predictions import load_rows
+from r3rag.pipeline.checks import claim
+from r3rag.pipeline.runner import Context
+from r3rag.pipeline.state import PipelineState, atomic_write_json
+
+COLUMN_LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM", "retrievals": "retrievals/q", "format_error": "format errors %"}
+#: the issue's goals, in EM points (stated beside the measured claim)
+GOALS = {"sft_vs_base": 20.0, "rl_vs_sft": 5.0}
+
+
+def _cell(v: dict[str, Any], digits: int) -> str:
+    lo, hi = v["ci95"]
+    return f"{v['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _diff_cell(v: dict[str, Any], digits: int) -> str:
+    lo, hi = v["ci95"]
+    star = " *" if v["excludes_zero"] else ""
+    return f"{v['diff']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{star}"
+
+
+def _digits(col: str) -> int:
+    return 2 if col == "retrievals" else 1
+
+
+def collect_runs(ctx: Context) -> dict[str, dict[str, Any]]:
+    """``{run name: {"role", "method", "model", "rows"}}`` from the eval stage's marker."""
+    marker = PipelineState(ctx.work).get("eval") or {}
+    runs = marker.get("summary", {}).get("runs", {})
+    out = {}
+    for name, info in runs.items():
+        rows = sorted(load_rows(Path(info["dir"]) / "predictions.jsonl", repair=False), key=lambda r: r["index"])
+        out[name] = {**info, "rows": rows}
+    return out
+
+
+def pick_base(runs: dict[str, dict[str, Any]]) -> str | None:
+    """The best prompted base run by EM (ties: the first listed)."""
+    best, best_em = None, -1.0
+    for name, r in runs.items():
+        if r["role"] == "base":
+            em = sum(float(x["scores"]["em"]) for x in r["rows"]) / max(len(r["rows"]), 1)
+            if em > best_em:
+                best, best_em = name, em
+    return best
+
+
+def _stage_times(ctx: Context) -> list[tuple[str, float]]:
+    state = PipelineState(ctx.work)
+    out = []
+    for stage in ("world", "index", "coldstart", "sft", "rl", "eval"):
+        m = state.get(stage)
+        if m is not None:
+            out.append((stage, float(m.get("elapsed_s", 0.0))))
+    return out
+
+
+def _fmt_time(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def choose_examples(before: list[dict[str, Any]], after: list[dict[str, Any]], k: int) -> list[tuple[dict, dict]]:
+    """``k`` questions answered by both runs: first those the trained model got right and the base
+    wrong (multi-hop first), then any other; deterministic (dataset order within each group)."""
+    by_id = {r["id"]: r for r in after}
+    pairs = [(b, by_id[b["id"]]) for b in before if b["id"] in by_id]
+
+    def rank(p: tuple[dict, dict]) -> tuple[int, int, int]:
+        b, a = p
+        fixed = a["scores"]["em"] > b["scores"]["em"]
+        hops = int((a.get("metadata") or {}).get("hops") or 1)
+        return (0 if fixed else 1, 0 if hops >= 2 else 1, int(b["index"]))
+
+    return sorted(pairs, key=rank)[:k]
+
+
+def examples_html(pairs: list[tuple[dict, dict]], before_label: str, after_label: str) -> str:
+    from html import escape
+
+    from r3rag.data.records import Question
+    from r3rag.demo.cards import CSS, final_card_html, step_card_html
+    from r3rag.rollout.trajectory import Trajectory
+
+    def column(row: dict[str, Any], label: str) -> str:
+        traj = Trajectory.from_dict(row["trajectory"])
+        gold = Question(row["id"], row["question"], list(row["golden_answers"]), dict(row.get("metadata") or {}))
+        cards = "".join(step_card_html(s) for s in traj.steps)
+        return (f'<div class="r3-col"><h2>{escape(label)}</h2>{cards}'
+                f'{final_card_html(traj, gold, {k: float(v) for k, v in row["scores"].items()})}</div>')
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>r3rag quickstart: before and after training</title>",
+             f"<style>{CSS}\n.r3-pair{{display:flex;gap:18px}}.r3-col{{flex:1;min-width:0}}"
+             "body{font-family:sans-serif;max-width:1300px;margin:auto}</style></head><body>",
+             "<h1>The same questions before and after training</h1>"]
+    for i, (b, a) in enumerate(pairs, 1):
+        parts.append(f'<h2>Example {i}: {escape(b["question"])}</h2><div class="r3-pair">'
+                     f"{column(b, before_label)}{column(a, after_label)}</div>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def _example_text(b: dict[str, Any], a: dict[str, Any], before_label: str, after_label: str) -> list[str]:
+    def one(r: dict[str, Any]) -> str:
+        queries = [s.get("query") for s in r["trajectory"].get("steps", []) if s.get("query")]
+        q = "; ".join(f"`{x}`" for x in queries) or "none"
+        return f"answer {r['prediction']!r} (EM {r['scores']['em']:.0f}), {r['num_retrievals']} retrieval(s): {q}"
+
+    hops = (b.get("metadata") or {}).get("hops")
+    return [f"- **{b['question']}** (gold: {' | '.join(b['golden_answers'])}{f'; {hops} hops' if hops else ''})",
+            f"  - {before_label}: {one(b)}", f"  - {after_label}: {one(a)}"]
+
+
+def write_report(ctx: Context) -> dict[str, Any]:
+    cfg = ctx.cfg
+    out = ctx.work / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    runs = collect_runs(ctx)
+    if not runs:
+        from r3rag.errors import ConfigError
+
+        raise ConfigError(f"no evaluation runs in {ctx.work}: run --stages eval first")
+    B, seed = cfg.report.bootstrap, cfg.report.seed
+    base = pick_base(runs)
+    order = ([base] if base else []) + [s for s in ("sft", "rl") if s in runs]
+    labels = {base: f"base ({runs[base]['method']}, prompted)" if base else "", "sft": "SFT", "rl": "RL"}
+    stats = {name: means_with_ci(runs[name]["rows"], B, seed) for name in runs}
+    n = {name: len(runs[name]["rows"]) for name in runs}
+
+    # the table
+    cols = list(COLUMN_LABELS)
+    lines = ["| model | n | " + " | ".join(COLUMN_LABELS[c] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    csv_rows = []
+    for name in order:
+        lines.append(f"| {labels[name]} | {n[name]} | " + " | ".join(_cell(stats[name][c], _digits(c)) for c in cols) + " |")
+        csv_rows.append({"model": labels[name], "run": name, "n": n[name],
+                         **{f"{c}{suffix}": v for c in cols for suffix, v in
+                            (("", stats[name][c]["mean"]), ("_lo", stats[name][c]["ci95"][0]), ("_hi", stats[name][c]["ci95"][1]))}})
+    table = "\n".join(lines)
+    others = [name for name in runs if name not in order]
+    other_lines = [f"- {name} ({runs[name]['method']}): EM {_cell(stats[name]['em'], 1)}, cover-EM "
+                   f"{_cell(stats[name]['cover_em'], 1)}, retrievals/q {stats[name]['retrievals']['mean']:.2f}" for name in others]
+
+    # paired differences
+    comparisons = [("sft_vs_base", "sft", base), ("rl_vs_sft", "rl", "sft"), ("rl_vs_base", "rl", base)]
+    paired: dict[str, Any] = {}
+    for key, b_name, a_name in comparisons:
+        if b_name in runs and a_name in runs:
+            paired[key] = paired_differences(runs[a_name]["rows"], runs[b_name]["rows"], B, seed)
+    diff_lines = ["| difference (paired) | n | " + " | ".join(COLUMN_LABELS[c] for c in cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
+    nice = {"sft_vs_base": "SFT - base", "rl_vs_sft": "RL - SFT", "rl_vs_base": "RL - base"}
+    for key, d in paired.items():
+        diff_lines.append(f"| {nice[key]} | {d['em']['n']} | " + " | ".join(_diff_cell(d[c], _digits(c)) for c in cols) + " |")
+    diff_table = "\n".join(diff_lines) if paired else ""
+
+    # claims
+    claims = []
+    if base and "sft" in runs:
+        claims.append(claim("sft_vs_base", "SFT", "the prompted base", paired["sft_vs_base"]["em"], GOALS["sft_vs_base"]))
+    if "rl" in runs and "sft" in runs:
+        claims.append(claim("rl_vs_sft", "RL", "SFT", paired["rl_vs_sft"]["em"], GOALS["rl_vs_sft"]))
+
+    # curves and examples
+    curves = []
+    rl_marker = PipelineState(ctx.work).get("rl")
+    for i, src in enumerate((rl_marker or {}).get("summary", {}).get("curves", [])):
+        if Path(src).is_file():
+            dst = out / (f"rl_curves_{Path(src).stem}.png" if i else "rl_curves.png")
+            shutil.copyfile(src, dst)
+            curves.append(dst.name)
+    after = "rl" if "rl" in runs else ("sft" if "sft" in runs else None)
+    example_lines: list[str] = []
+    if base and after and cfg.report.examples:
+        pairs = choose_examples(runs[base]["rows"], runs[after]["rows"], cfg.report.examples)
+        before_label, after_label = f"before: {labels[base]}", f"after: {labels[after]}"
+        (out / "examples.html").write_text(examples_html(pairs, before_label, after_label), encoding="utf-8")
+        for b, a in pairs:
+            example_lines += _example_text(b, a, before_label, after_label)
+
+    times = _stage_times(ctx)
+    n_eval = max(n.values()) if n else 0
+    md = [f"# r3rag quickstart ({cfg.preset} preset)", "",
+          f"World seed {cfg.world.seed}, size {cfg.world.size}; {n_eval} held-out {cfg.eval.split} questions that no "
+          f"stage trained on. Cells: mean [95% bootstrap interval], {B} resamples.", ""]
+    if cfg.report.fast_note:
+        md += [f"**Fast preset:** only {n_eval} held-out questions, so every interval is wider than the full "
+               "preset's (about sqrt(300/n) times); use the full preset for the published figures.", ""]
+    md += [table, ""]
+    if other_lines:
+        md += ["Other prompted runs of the base model:", "", *other_lines, ""]
+    if diff_table:
+        md += ["Paired differences (same questions; * = the 95% interval excludes zero):", "", diff_table, ""]
+    if claims:
+        md += ["## Learning claims", "", *[f"- {c['text']}" for c in claims], ""]
+    if times:
+        md += ["## Time per stage", "", "| stage | time |", "|---|---|", *[f"| {s} | {_fmt_time(t)} |" for s, t in times],
+               f"| total | {_fmt_time(sum(t for _, t in times))} |", ""]
+    if curves:
+        md += ["## RL curves", "", *[f"![RL curves]({c})" for c in curves], ""]
+    if example_lines:
+        md += ["## Examples: the same questions before and after training", "",
+               "Rendered as the demo renders them in [examples.html](examples.html).", "", *example_lines, ""]
+    if after:
+        ckpt = runs[after]["model"]
+        md += ["## Try the trained model in the demo", "", "```bash", f"bash startup/server.sh --index {ctx.work / 'index'}",
+               f"bash startup/startup_visualize.sh --model {ckpt} --dataset {ctx.work / 'world' / (cfg.eval.split + '.jsonl')}",
+               "bash startup/server.sh --stop", "```", ""]
+    text = "\n".join(md)
+    (out / "quickstart.md").write_text(text, encoding="utf-8")
+    with (out / "table.csv").open("w", newline="", encoding="utf-8") as fh:
+        if csv_rows:
+            w = csv.DictWriter(fh, fieldnames=list(csv_rows[0]))
+            w.writeheader()
+            w.writerows(csv_rows)
+    atomic_write_json(out / "paired.json", paired)
+    atomic_write_json(out / "claims.json", claims)
+    return {"table": table, "diff_table": diff_table, "claims": claims, "paired": paired, "others": other_lines,
+            "times": times, "markdown": text, "n": n_eval, "checkpoint": runs[after]["model"] if after else None}

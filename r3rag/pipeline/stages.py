@@ -1,0 +1,239 @@
+"""The quickstart's stages, in order, by name.
+
+=============  ==============================================================================
+``world``      generate the embedded world (seeded) into ``WORK/world``
+``index``      build its BM25 index into ``WORK/index``; the retrieval service (127.0.0.1, a free
+               port) is started on first use by any stage and stopped when the pipeline ends
+``coldstart``  the world's teacher answers train questions; correct chains kept (``WORK/coldstart``)
+``sft``        SmolLM2 fine-tuned on them through LLaMA-Factory (``WORK/sft``: a checkpoint)
+``rl``         RL from the SFT checkpoint (``WORK/rl``: a checkpoint, metrics, curves)
+``eval``       the base model, the SFT and the RL checkpoints on the same held-out questions
+               (``WORK/eval/<run>``)
+``report``     the table with 95% intervals and paired differences, the curves, two example
+               questions before and after training, the learning claims (``WORK/report``)
+=============  ==============================================================================
+
+:func:`build_stages` returns them for a config; which trained models the evaluation covers
+follows from the stages the preset lists (``stages``): a preset without ``sft``/``rl`` is the
+prompted-models-only evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from r3rag.errors import ConfigError
+from r3rag.pipeline.config import QuickstartConfig
+from r3rag.pipeline.runner import Context, Stage
+
+STAGE_ORDER = ("world", "index", "coldstart", "sft", "rl", "eval", "report")
+
+
+# --- world and retrieval -------------------------------------------------------------------------
+
+
+def world_dir(ctx: Context) -> Path:
+    return ctx.work / "world"
+
+
+def index_dir(ctx: Context) -> Path:
+    return ctx.work / "index"
+
+
+def count_lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def run_world(ctx: Context) -> dict[str, Any]:
+    from r3rag.world import build_world
+
+    cfg: QuickstartConfig = ctx.cfg
+    out = world_dir(ctx)
+    manifest = out / "manifest.json"  # the builder writes it last: present = a finished build
+    if not manifest.is_file():
+        build_world(out, seed=cfg.world.seed, size=cfg.world.size, clusters=cfg.world.clusters,
+                    questions_per_cluster=cfg.world.questions_per_cluster)
+    counts = {s: count_lines(out / f"{s}.jsonl") for s in ("train", "dev", "test")}
+    held = counts.get(cfg.eval.split, 0)
+    if cfg.eval.split not in counts:
+        raise ConfigError(f"eval.split {cfg.eval.split!r}: the world has train, dev and test")
+    if cfg.eval.split == "train":
+        raise ConfigError("eval.split train: the training stages train on it; evaluate on dev or test")
+    n_eval = min(held, cfg.eval.limit or held)
+    return {"dir": str(out), "questions": counts, "passages": count_lines(out / "corpus.jsonl"), "eval_questions": n_eval,
+            "line": f"seed {cfg.world.seed}, size {cfg.world.size}: {counts['train']} train / {held} {cfg.eval.split} "
+                    f"questions, {n_eval} held out for the evaluation"}
+
+
+def run_index(ctx: Context) -> dict[str, Any]:
+    from r3rag.retrieval.bm25_index import build_bm25
+    from r3rag.retrieval.manifest import MANIFEST_NAME
+
+    out = index_dir(ctx)
+    if not (out / MANIFEST_NAME).is_file():
+        build_bm25(world_dir(ctx) / "corpus.jsonl", out, name="world", show_progress=False)
+    url = retrieval_url(ctx)
+    return {"dir": str(out), "line": f"BM25 index {out}, service {url}"}
+
+
+def retrieval_url(ctx: Context) -> str:
+    """The retrieval service's URL, started on first use in this invocation (stopped at the end)."""
+
+    def open_service() -> tuple[str, Any]:
+        from r3rag.retrieval.service import serve_in_thread
+
+        handle = serve_in_thread([index_dir(ctx)], bm25_backend=ctx.cfg.retrieval.bm25_backend)
+        ctx.echo(f"          retrieval service: {handle.url} (stopped when the pipeline ends)")
+        return handle.url, handle.stop
+
+    return ctx.resource("retrieval service", open_service)
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+
+
+def trained_models(cfg: QuickstartConfig) -> list[str]:
+    """The training stages whose checkpoint the evaluation covers (those the preset runs)."""
+    return [s for s in ("sft", "rl") if s in cfg.stages and getattr(cfg, s).enabled]
+
+
+def checkpoint_of(ctx: Context, stage: str) -> str:
+    from r3rag.pipeline.state import PipelineState
+
+    marker = PipelineState(ctx.work).get(stage)
+    ckpt = (marker or {}).get("summary", {}).get("checkpoint")
+    if not ckpt or not Path(ckpt).exists():
+        raise ConfigError(f"no {stage} checkpoint in {ctx.work}: run --stages {stage} first")
+    return str(ckpt)
+
+
+def eval_runs(ctx: Context) -> list[dict[str, Any]]:
+    """``[{"name", "role", "method", "model", "overrides"}]``: every evaluation run of the stage."""
+    cfg: QuickstartConfig = ctx.cfg
+    runs = []
+    for m in [*cfg.eval.base_methods, *[x for x in cfg.eval.extra_methods if x not in cfg.eval.base_methods]]:
+        role = "base" if m in cfg.eval.base_methods else "extra"
+        runs.append({"name": f"base-{m}", "role": role, "method": m, "model": cfg.model.base,
+                     "overrides": [f"rollout.prompt_variant={cfg.eval.base_prompt_variant}"]})
+    for stage in trained_models(cfg):
+        runs.append({"name": stage, "role": stage, "method": cfg.eval.trained_method, "model": None,
+                     "overrides": [f"rollout.prompt_variant={cfg.eval.trained_prompt_variant}", *cfg.eval.trained_set]})
+    return runs
+
+
+def run_eval(ctx: Context) -> dict[str, Any]:
+    from r3rag.config import load_config
+    from r3rag.evaluation.config import EvaluationConfig
+    from r3rag.evaluation.runner import run_evaluation
+
+    cfg: QuickstartConfig = ctx.cfg
+    url = retrieval_url(ctx)
+    config_path = _repo_path(ctx, cfg.eval.config)
+    done = {}
+    for run in eval_runs(ctx):
+        model = run["model"] or checkpoint_of(ctx, run["role"])
+        overrides = [
+            f"dataset.name=world", f"dataset.world_dir={world_dir(ctx)}", f"dataset.world_seed={cfg.world.seed}",
+            f"dataset.world_size={cfg.world.size}", f"dataset.split={cfg.eval.split}", f"retriever.urls=[{url}]",
+            f"method.name={run['method']}", f"model.path={model}", f"run.batch_size={cfg.eval.batch_size}",
+            f"run.bootstrap={cfg.report.bootstrap}", f"run.seed={cfg.report.seed}",
+            *([f"dataset.limit={cfg.eval.limit}"] if cfg.eval.limit else []), *run["overrides"], *cfg.eval.set,
+        ]
+        ecfg = load_config(EvaluationConfig, config_path, overrides)
+        outcome = run_evaluation(ecfg, ctx.work / "eval" / run["name"])
+        m = outcome.results.get("metrics", {})
+        ctx.echo(f"          {run['name']:<14} EM {m.get('em', 0.0):5.1f}  F1 {m.get('f1', 0.0):5.1f}  "
+                 f"cover-EM {m.get('cover_em', 0.0):5.1f}  ({outcome.new} new, {outcome.skipped} reused)")
+        done[run["name"]] = {"dir": str(outcome.out_dir), "role": run["role"], "model": model, "method": run["method"],
+                             "metrics": m, "n": outcome.results.get("n", 0)}
+    n = max((d["n"] for d in done.values()), default=0)
+    return {"runs": done, "line": f"{len(done)} run(s) on {n} held-out {cfg.eval.split} questions"}
+
+
+def reset_eval(ctx: Context, redone: set[str]) -> None:
+    """Remove the evaluation runs that read a redone stage's outputs: all of them after the world,
+    the index or the evaluation itself; else only the redone checkpoints' (the base model's runs
+    read nothing that changed, and they are the slow ones)."""
+    import shutil
+
+    everything = bool({"world", "index", "eval"} & redone)
+    for run in eval_runs(ctx):
+        d = ctx.work / "eval" / run["name"]
+        if (everything or run["role"] in redone) and d.is_dir():
+            shutil.rmtree(d)
+
+
+def _repo_path(ctx: Context, path: str) -> str:
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return str(p)
+    return str(ctx.repo_root / p)
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def run_report(ctx: Context) -> dict[str, Any]:
+    from r3rag.pipeline.report import write_report
+
+    report = write_report(ctx)
+    ctx.outputs["report"] = report  # the CLI prints it after the pipeline
+    return {"dir": str(ctx.work / "report"), "claims": report["claims"], "line": f"{ctx.work / 'report' / 'quickstart.md'}"}
+
+
+# --- the registry --------------------------------------------------------------------------------
+
+
+def build_stages(cfg: QuickstartConfig) -> list[Stage]:
+    """Every stage, in pipeline order, with the needs and settings that ``cfg`` implies."""
+    from r3rag.pipeline import training
+
+    world_settings = lambda ctx: ctx.cfg.model_dump(mode="json")["world"]  # noqa: E731
+    eval_needs = ("world", "index", *trained_models(cfg))
+    stages = [
+        Stage("world", "generate the embedded world", run_world, settings=world_settings),
+        Stage("index", "index and serve the world", run_index, needs=("world",)),
+        Stage("coldstart", "cold-start data from the world's teacher", training.run_coldstart, needs=("world", "index"),
+              settings=training.coldstart_settings),
+        Stage("sft", "SFT through LLaMA-Factory", training.run_sft, needs=("coldstart",), settings=training.sft_settings),
+        Stage("rl", "RL from the SFT checkpoint", training.run_rl, needs=("sft", "index"), settings=training.rl_settings),
+        Stage("eval", "evaluate on held-out questions", run_eval, needs=eval_needs, reset=reset_eval,
+              settings=lambda ctx: {"eval": ctx.cfg.model_dump(mode="json")["eval"], "base": ctx.cfg.model.base,
+                                    "bootstrap": ctx.cfg.report.bootstrap, "seed": ctx.cfg.report.seed}),
+        Stage("report", "write the report", run_report, needs=("eval",), always=True),
+    ]
+    assert tuple(s.name for s in stages) == STAGE_ORDER
+    return stages
+
+
+def parse_stages(text: str) -> list[str]:
+    """``"eval,report"`` or a range ``"world-sft"`` (inclusive) or ``"all"`` -> stage names."""
+    text = text.strip()
+    if text in ("", "all"):
+        return list(STAGE_ORDER)
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if "-" in part:
+            a, b = (x.strip() for x in part.split("-", 1))
+            a, b = a or STAGE_ORDER[0], b or STAGE_ORDER[-1]
+            for x in (a, b):
+                if x not in STAGE_ORDER:
+                    raise ConfigError(f"--stages: unknown stage {x!r}; stages: {', '.join(STAGE_ORDER)}")
+            i, j = STAGE_ORDER.index(a), STAGE_ORDER.index(b)
+            if i > j:
+                raise ConfigError(f"--stages {part}: {a} comes after {b}")
+            out.extend(STAGE_ORDER[i:j + 1])
+        else:
+            if part not in STAGE_ORDER:
+                raise ConfigError(f"--stages: unknown stage {part!r}; stages: {', '.join(STAGE_ORDER)}")
+            out.append(part)
+    return [s for s in STAGE_ORDER if s in out]
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))

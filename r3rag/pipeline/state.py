@@ -1,0 +1,84 @@
+"""Which stages are finished: one done marker per stage, written atomically after its outputs.
+
+``WORK/.done/<stage>.json`` holds the stage's summary (what it produced, counts, its elapsed
+time) and a fingerprint of the settings it ran with. The marker is written with write-to-temp,
+fsync, rename, after the stage's own outputs are complete, so after a crash or a SIGKILL either
+the stage is marked done and its outputs are whole, or it is not marked and a rerun continues it
+(each stage's own resume makes that cheap: finished predictions, checkpoints and kept
+trajectories are reused).
+
+The fingerprint chains: a stage's fingerprint covers its own settings and the fingerprints of
+the stages it reads, so changing the cold-start settings makes the SFT and RL markers stale too.
+A stale marker is an error that says which stage and how to redo it, never a silent rerun over
+old outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+DONE_DIR = ".done"
+
+
+def fingerprint(settings: Any, upstream: list[str] | tuple[str, ...] = ()) -> str:
+    """A short stable hash of JSON-able ``settings`` and the upstream stages' fingerprints."""
+    blob = json.dumps({"settings": settings, "upstream": list(upstream)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` so that a reader sees the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:  # the rename itself survives a power cut only once the folder is synced
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+class PipelineState:
+    """Done markers of the stages of one work folder."""
+
+    def __init__(self, work: str | Path) -> None:
+        self.work = Path(work)
+        self.dir = self.work / DONE_DIR
+
+    def marker_path(self, stage: str) -> Path:
+        return self.dir / f"{stage}.json"
+
+    def get(self, stage: str) -> dict[str, Any] | None:
+        """The marker of ``stage`` (``None`` when it has not finished; a torn file counts as absent)."""
+        path = self.marker_path(stage)
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def is_done(self, stage: str, fp: str | None = None) -> bool:
+        m = self.get(stage)
+        return m is not None and (fp is None or m.get("fingerprint") == fp)
+
+    def mark_done(self, stage: str, fp: str, summary: dict[str, Any], elapsed_s: float) -> None:
+        atomic_write_json(self.marker_path(stage), {
+            "stage": stage, "fingerprint": fp, "elapsed_s": round(elapsed_s, 2), "summary": summary,
+        })
+
+    def clear(self, stage: str) -> None:
+        self.marker_path(stage).unlink(missing_ok=True)

@@ -1,0 +1,104 @@
+"""The training stages: cold start, SFT and RL, each its own program run as a child process.
+
+Each stage runs ``python SCRIPT --config CONFIG --out WORK/<stage> --set <wiring> --set <extra>``
+where the wiring points the program at this pipeline's world, retrieval service, base model and
+previous checkpoint, and ``<extra>`` is the preset's ``<stage>.set`` list. The programs resume
+on their own (kept trajectories, LLaMA-Factory's checkpoints, the RL trainer's checkpoints), so
+rerunning a killed stage continues it. After the program exits, the stage reads what it wrote
+and decides whether it is usable (:mod:`r3rag.pipeline.checks`); an unusable stage raises
+:class:`~r3rag.pipeline.runner.StageUnusable` and is not marked done.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from r3rag.errors import ConfigError
+from r3rag.pipeline import checks
+from r3rag.pipeline.child import run_child
+from r3rag.pipeline.config import QuickstartConfig, TrainStageSection
+from r3rag.pipeline.runner import Context
+
+
+def _dump(ctx: Context, name: str) -> Any:
+    return ctx.cfg.model_dump(mode="json")[name]
+
+
+def coldstart_settings(ctx: Context) -> Any:
+    return {"coldstart": _dump(ctx, "coldstart"), "base": ctx.cfg.model.base}
+
+
+def sft_settings(ctx: Context) -> Any:
+    return {"sft": _dump(ctx, "sft"), "base": ctx.cfg.model.base}
+
+
+def rl_settings(ctx: Context) -> Any:
+    return {"rl": _dump(ctx, "rl")}
+
+
+def _program(ctx: Context, section: TrainStageSection, out: Path, wiring: list[str]) -> list[str]:
+    script = Path(section.script)
+    script = script if script.is_absolute() else ctx.repo_root / script
+    if not script.is_file():
+        raise ConfigError(f"{section.script}: the stage's program is not there (is this a checkout of r3rag?)")
+    cmd = [sys.executable, str(script)]
+    if section.config:
+        cfg_path = Path(section.config)
+        cfg_path = cfg_path if cfg_path.is_absolute() else ctx.repo_root / cfg_path
+        if not cfg_path.is_file():
+            raise ConfigError(f"{section.config}: config file not found")
+        cmd += ["--config", str(cfg_path)]
+    cmd += ["--out", str(out)]
+    for item in [*wiring, *section.set]:
+        cmd += ["--set", item]
+    return cmd
+
+
+def _world_wiring(ctx: Context, prefix: str) -> list[str]:
+    from r3rag.pipeline.stages import world_dir
+
+    cfg: QuickstartConfig = ctx.cfg
+    return [f"{prefix}.name=world", f"{prefix}.world_dir={world_dir(ctx)}", f"{prefix}.world_seed={cfg.world.seed}",
+            f"{prefix}.world_size={cfg.world.size}"]
+
+
+def _run_stage_program(ctx: Context, name: str, section: TrainStageSection, wiring: list[str]) -> Path:
+    out = ctx.stage_dir(name)
+    cmd = _program(ctx, section, out, wiring)
+    run_child(cmd, log_path=out / "pipeline.log", cwd=ctx.repo_root, timeout_s=section.timeout_s, echo=ctx.echo is print)
+    return out
+
+
+def run_coldstart(ctx: Context) -> dict[str, Any]:
+    from r3rag.pipeline.stages import retrieval_url
+
+    cfg: QuickstartConfig = ctx.cfg
+    wiring = [*_world_wiring(ctx, "data"), "data.split=train", f"retriever.urls=[{retrieval_url(ctx)}]",
+              f"student.tokenizer={cfg.model.base}"]
+    if cfg.coldstart.limit:
+        wiring.append(f"data.limit={cfg.coldstart.limit}")
+    out = _run_stage_program(ctx, "coldstart", cfg.coldstart, wiring)
+    return checks.check_coldstart(out, cfg.coldstart.min_kept)
+
+
+def run_sft(ctx: Context) -> dict[str, Any]:
+    cfg: QuickstartConfig = ctx.cfg
+    data = ctx.work / "coldstart"
+    wiring = [f"model.path={cfg.model.base}", f"data.dir={data}"]
+    out = _run_stage_program(ctx, "sft", cfg.sft, wiring)
+    return checks.check_sft(out, require_loss_drop=cfg.sft.require_loss_drop)
+
+
+def run_rl(ctx: Context) -> dict[str, Any]:
+    from r3rag.pipeline.stages import checkpoint_of, retrieval_url
+
+    cfg: QuickstartConfig = ctx.cfg
+    # RL watches its held-out accuracy on the world's test split; the quickstart's own evaluation
+    # uses eval.split (dev by default), so no number in the report was seen while training.
+    wiring = [f"model.path={checkpoint_of(ctx, 'sft')}", *_world_wiring(ctx, "data"), "data.split=train",
+              f"retriever.urls=[{retrieval_url(ctx)}]", *_world_wiring(ctx, "eval.dataset"),
+              f"eval.dataset.split={cfg.rl.monitor_split}"]
+    out = _run_stage_program(ctx, "rl", cfg.rl, wiring)
+    return checks.check_rl(out)

@@ -1,0 +1,245 @@
+"""Trajectories + rewards -> padded tensors a trainer can use.
+
+Every tensor of the trainer lives on the *shifted* axis: position ``p`` (0 .. T-2) holds the
+prediction of token ``p + 1`` from the logits at ``p``. So for a trajectory with token ids
+``ids`` and loss mask ``m`` (1 on tokens the policy sampled):
+
+- ``action_mask[p] = m[p + 1]``: prompt tokens, retrieved documents and padding are 0;
+- a step's reward sits on its **last generated token**: the step owns the half-open span
+  ``[start, end)`` of ``ids`` (its model segment), its last token is ``ids[end - 1]``, predicted at
+  shifted position ``end - 2``;
+- ``rollout_logprobs[p]`` is the log-prob the rollout recorded for token ``p + 1`` (NaN where the
+  backend returned none), kept to measure the rollout/trainer mismatch.
+
+Which trajectories are trained on (:func:`select`): a trajectory the reward recipe marked
+``dropped`` (judge or infrastructure failure), or that the rollout says is not trainable
+(ids re-tokenised from text, backend error, retrieval failure), or that generated no token, is left
+out and counted. Then, for the group estimators, a group (the samples of one question) whose kept
+samples all scored the same carries no signal and is filtered (``dynamic_filtering``), as is a
+group reduced to one sample.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from r3rag.rewards.types import RewardOutput
+from r3rag.rollout.trajectory import Trajectory
+
+#: stop reasons that are the infrastructure's fault, not the policy's (never trained on)
+INFRA_STOPS = ("backend_error", "retrieval_failed")
+
+
+@dataclass(frozen=True)
+class Span:
+    step: int
+    start: int
+    end: int
+
+
+def step_spans(traj: Trajectory) -> list[Span]:
+    """``[start, end)`` of each step's model segment in ``traj.token_ids`` (the rollout's
+    ``Trajectory.step_spans`` when it has them; otherwise the i-th model segment is step i's)."""
+    spans = getattr(traj, "step_spans", None)
+    if spans is not None:
+        return [Span(int(s.step), int(s.start), int(s.end)) for s in spans]
+    out: list[Span] = []
+    pos = 0
+    for seg in traj.segments:
+        n = len(seg.token_ids)
+        if seg.role == "model":
+            out.append(Span(len(out), pos, pos + n))
+        pos += n
+    return out
+
+
+def is_trainable(traj: Trajectory) -> bool:
+    """Exact ids, and not stopped by an infrastructure failure."""
+    flag = getattr(traj, "trainable", None)
+    if isinstance(flag, bool):
+        return flag
+    if traj.metadata.get("exact_ids") is False or traj.stop_reason in INFRA_STOPS:
+        return False
+    return not any((s.format_error or "").startswith("backend_error") for s in traj.steps)
+
+
+def loss_mask(traj: Trajectory) -> list[int]:
+    return [1 if s.role == "model" else 0 for s in traj.segments for _ in s.token_ids]
+
+
+@dataclass
+class Selection:
+    """Which trajectories of an iteration are trained on, and why the others are not."""
+
+    keep: list[int]
+    dropped: int = 0  # the recipe dropped them (judge/infrastructure failure)
+    untrainable: int = 0  # inexact ids, backend error, retrieval failure, nothing generated
+    groups: int = 0
+    filtered_groups: int = 0  # all-same (or single-sample) groups removed by dynamic filtering
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def filtered_fraction(self) -> float:
+        return self.filtered_groups / self.groups if self.groups else 0.0
+
+
+def group_keys(trajs: Sequence[Trajectory]) -> list[str]:
+    """Samples of one question form a group (the question's id)."""
+    return [t.question_id for t in trajs]
+
+
+def select(
+    trajs: Sequence[Trajectory],
+    rewards: Sequence[RewardOutput],
+    grouped: bool,
+    dynamic_filtering: bool,
+    tol: float = 1e-6,
+) -> Selection:
+    """Indices of the trajectories to train on (see the module docstring)."""
+    sel = Selection(keep=[])
+    ok: list[int] = []
+    for i, (t, r) in enumerate(zip(trajs, rewards)):
+        if r.dropped:
+            sel.dropped += 1
+            sel.reasons["dropped"] = sel.reasons.get("dropped", 0) + 1
+        elif not is_trainable(t) or not any(loss_mask(t)):
+            sel.untrainable += 1
+            why = t.stop_reason or "empty"
+            sel.reasons[why] = sel.reasons.get(why, 0) + 1
+        else:
+            ok.append(i)
+    keys = group_keys(trajs)
+    groups: "OrderedDict[str, list[int]]" = OrderedDict()
+    for i in range(len(trajs)):
+        groups.setdefault(keys[i], [])
+    for i in ok:
+        groups[keys[i]].append(i)
+    sel.groups = len(groups)
+    for members in groups.values():
+        totals = [rewards[i].total for i in members]
+        if not members:
+            continue
+        if grouped and len(members) < 2:
+            sel.filtered_groups += 1
+            continue
+        if dynamic_filtering and len(members) > 1 and max(totals) - min(totals) <= tol:
+            sel.filtered_groups += 1
+            continue
+        sel.keep.extend(members)
+    sel.keep.sort()
+    return sel
+
+
+@dataclass
+class RolloutBatch:
+    """Padded tensors for ``B`` kept trajectories, ``T`` the longest; shifted tensors are ``(B, T-1)``."""
+
+    input_ids: torch.Tensor  # (B, T) long, right-padded
+    attention_mask: torch.Tensor  # (B, T) long
+    action_mask: torch.Tensor  # (B, T-1) float: 1 where the predicted token was generated
+    step_rewards: torch.Tensor  # (B, T-1) float: each step's reward on its last generated token
+    rollout_logprobs: torch.Tensor  # (B, T-1) float, NaN where unknown
+    temperatures: torch.Tensor  # (B,) the sampling temperature of each row (0 = greedy)
+    group: torch.Tensor  # (B,) long: group index (same question)
+    totals: torch.Tensor  # (B,) float: total reward of each row
+    lengths: list[int]  # unpadded length of each row
+
+    @property
+    def num_actions(self) -> int:
+        return int(self.action_mask.sum())
+
+    def rows(self, idx: Sequence[int]) -> "RolloutBatch":
+        """A sub-batch (cut to its own longest row)."""
+        ix = torch.as_tensor(list(idx), dtype=torch.long)
+        T = max(self.lengths[i] for i in idx)
+        return RolloutBatch(
+            self.input_ids[ix, :T], self.attention_mask[ix, :T], self.action_mask[ix, : T - 1],
+            self.step_rewards[ix, : T - 1], self.rollout_logprobs[ix, : T - 1], self.temperatures[ix],
+            self.group[ix], self.totals[ix], [self.lengths[i] for i in idx],
+        )
+
+
+def place_step_rewards(traj: Trajectory, per_step: Sequence[float]) -> dict[int, float]:
+    """``{token index in traj.token_ids: reward}``: step i's reward on its span's last token.
+
+    A step without generated tokens (an empty turn) hands its reward to the last generated token
+    before it, or, if none, to the first step that has tokens. Rewards landing on the same token add.
+    """
+    spans = {s.step: s for s in step_spans(traj) if s.end > s.start}
+    if not spans:
+        return {}
+    ordered = sorted(spans.values(), key=lambda s: s.end)
+    out: dict[int, float] = {}
+    for i, r in enumerate(per_step):
+        if r == 0.0:
+            continue
+        span = spans.get(i)
+        if span is None:
+            before = [s for s in ordered if s.step < i]
+            span = before[-1] if before else ordered[0]
+        out[span.end - 1] = out.get(span.end - 1, 0.0) + float(r)
+    return out
+
+
+def build_batch(
+    trajs: Sequence[Trajectory],
+    rewards: Sequence[RewardOutput],
+    pad_id: int,
+    temperature_for: Any = None,
+) -> RolloutBatch:
+    """Pad ``trajs`` (already selected) into a :class:`RolloutBatch`; ``temperature_for(j)`` gives
+    the sampling temperature of sample index ``j`` (1.0 when not given)."""
+    B = len(trajs)
+    lengths = [len(t.token_ids) for t in trajs]
+    T = max(lengths)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    action = torch.zeros((B, T - 1), dtype=torch.float32)
+    placed = torch.zeros((B, T - 1), dtype=torch.float32)
+    roll = torch.full((B, T - 1), float("nan"), dtype=torch.float32)
+    keys: dict[str, int] = {}
+    group = torch.zeros(B, dtype=torch.long)
+    temps = torch.ones(B, dtype=torch.float32)
+    for b, (t, r) in enumerate(zip(trajs, rewards)):
+        ids = t.token_ids
+        n = len(ids)
+        input_ids[b, :n] = torch.tensor(ids, dtype=torch.long)
+        attn[b, :n] = 1
+        mask = torch.tensor(loss_mask(t), dtype=torch.float32)
+        action[b, : n - 1] = mask[1:]
+        pos = 0
+        for seg in t.segments:
+            k = len(seg.token_ids)
+            if seg.role == "model" and seg.logprobs is not None and len(seg.logprobs) == k and pos > 0:
+                roll[b, pos - 1: pos - 1 + k] = torch.tensor(seg.logprobs, dtype=torch.float32)
+            pos += k
+        for tok, value in place_step_rewards(t, r.per_step).items():
+            placed[b, tok - 1] += value
+        group[b] = keys.setdefault(t.question_id, len(keys))
+        if temperature_for is not None:
+            temps[b] = float(temperature_for(t.sample_index))
+    totals = torch.tensor([float(r.total) for r in rewards], dtype=torch.float32)
+    return RolloutBatch(input_ids, attn, action, placed, roll, temps, group, totals, lengths)
+
+
+def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Split rows into micro-batches whose padded size (rows x longest) stays within the budget.
+
+    Rows are taken longest first so similar lengths share a micro-batch (little padding); a row
+    longer than the budget goes alone."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = max([lengths[j] for j in cur] + [lengths[i]])
+        if cur and width * (len(cur) + 1) > token_budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out

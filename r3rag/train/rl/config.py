@@ -1,0 +1,114 @@
+"""Settings of a single-machine RL run (``train/rl.py --config configs/rl/NAME.yaml --set ...``).
+
+One YAML file holds every section. ``stages`` turns one file into a schedule: each stage is a list
+of dotted overrides applied on top of the base config, run in order, each starting from the
+previous stage's final checkpoint (R1-Searcher: stage 1 learns to call the tool, stage 2 to
+answer). Without ``stages`` the file is one run.
+
+Names follow OpenRLHF where it has the same knob (``algo.estimator`` = ``--algo.advantage.estimator``,
+``algo.kl_coef`` = ``--algo.kl.init_coef``, ``algo.kl_use_loss`` = ``--algo.kl.use_loss``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from r3rag.config import Section
+from r3rag.evaluation.config import DatasetConfig, RetrieverConfig
+from r3rag.rollout.config import RolloutConfig
+
+
+class PolicyModelConfig(Section):
+    path: str = Field("smollm2", description="HF folder, hub name, .gguf file or 'smollm2' (the packaged SmolLM2-135M-Instruct)")
+    device: str = Field("cpu", description="cpu | cuda | cuda:N: the same code on either")
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="autocast dtype of the trainer's forward/backward (weights stay float32); "
+        "auto: bfloat16 on CUDA and on CPUs with AVX-512 bf16 (measured faster there), else float32")
+    threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
+    max_batch_size: int = Field(64, ge=1, description="rows per forward pass of the rollout backend")
+
+
+class RewardSection(Section):
+    recipe: str = Field("r3rag", description="recipe name in configs/rewards or a YAML path")
+    overrides: list[str] = Field(default_factory=list, description="dotted overrides of the recipe")
+
+
+class AlgoConfig(Section):
+    estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount over generated tokens")
+    lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
+    no_std_norm: bool = Field(False, description="batch advantage normalisation subtracts the mean only")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL coefficient to the frozen reference; 0 loads no reference")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_use_loss: bool = Field(False, description="KL as a loss term instead of a per-token reward")
+    reward_clip: tuple[float, float] | None = Field(None, description="clamp the per-step rewards")
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    dual_clip: float | None = Field(None, gt=1.0)
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus (0: entropy is only logged)")
+    value_clip: float | None = Field(0.5, description="PPO value clipping (gae)")
+    vf_coef: float = Field(1.0, ge=0.0, description="value loss weight (gae; the critic has its own optimizer)")
+    dynamic_filtering: bool = Field(True, description="drop groups whose samples all scored the same")
+    filter_tol: float = Field(1e-6, ge=0.0)
+    lr: float = Field(1e-6, gt=0.0)
+    critic_lr: float = Field(9e-6, gt=0.0)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_iters: int = Field(0, ge=0)
+    epochs_per_batch: int = Field(1, ge=1, description="passes over one rollout batch (PPO epochs)")
+    micro_batch_tokens: int = Field(8192, ge=64, description="padded tokens per forward/backward; gradients accumulate")
+
+
+class TrainSection(Section):
+    iterations: int = Field(10, ge=0)
+    questions_per_iter: int = Field(8, ge=1, description="prompts per iteration (x rollout.n_samples trajectories)")
+    seed: int = 0
+    checkpoint_every: int = Field(1, ge=1, description="iterations between checkpoints (resume point)")
+    keep_checkpoints: int = Field(1, ge=1)
+    eval_every: int = Field(0, ge=0, description="held-out evaluation every N iterations (0: only before and after)")
+    eval_at_start: bool = True
+    progress: bool = True
+    tensorboard: bool = True
+    wandb_project: str | None = Field(None, description="log to W&B too (needs wandb installed)")
+    plots: bool = True
+    max_minutes: float | None = Field(None, gt=0, description="stop (checkpoint, final model) after this much wall time")
+
+
+class EvalSection(Section):
+    dataset: DatasetConfig = DatasetConfig(split="dev", limit=64)
+    normalization: str = "squad"
+    batch_size: int = Field(32, ge=1)
+
+
+class StageConfig(Section):
+    name: str
+    set: list[str] = Field(default_factory=list, description="dotted overrides for this stage")
+
+
+class RLConfig(Section):
+    model: PolicyModelConfig = PolicyModelConfig()
+    data: DatasetConfig = DatasetConfig(split="train")
+    retriever: RetrieverConfig = RetrieverConfig()
+    rollout: RolloutConfig = RolloutConfig(n_samples=4, temperature=1.0)
+    reward: RewardSection = RewardSection()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+    stages: list[StageConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RLConfig":
+        from r3rag.train.rl.estimators import ESTIMATORS, GROUP_ESTIMATORS
+
+        if self.algo.estimator not in ESTIMATORS:
+            raise ValueError(f"algo.estimator {self.algo.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
+        if self.algo.estimator in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
+            raise ValueError(f"algo.estimator {self.algo.estimator} needs rollout.n_samples >= 2")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError("stages: names must be unique")
+        return self

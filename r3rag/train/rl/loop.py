@@ -1,0 +1,475 @@
+"""The single-machine RL loop: rollout -> rewards -> advantages -> clipped update -> checkpoint.
+
+One iteration ``it`` (0-based; ``step = it + 1`` iterations are done after it):
+
+1. **rollout** with the current weights: the trainer and the HF backend share one model object,
+   so ``backend.update_weights(None)`` only drops the backend's KV caches; sampling seeds are fresh
+   each iteration (``engine.arun(..., seed=base + it)``); the questions are the next slice of a
+   seeded per-epoch permutation of the training split (the data order is a function of
+   ``(seed, it)``, so a resumed run draws exactly the questions the killed one would have);
+2. **rewards** from the configured recipe (:mod:`r3rag.rewards`); per-step rewards go on each
+   step's last generated token; dropped / untrainable trajectories and all-same groups are left
+   out and counted (:func:`r3rag.train.rl.batch.select`);
+3. **forward without gradient**: the policy's log-probs of the generated tokens (the "old"
+   log-probs of the ratio; the rollout's own are kept only for the mismatch metric), the frozen
+   reference's (only when ``kl_coef > 0``) and the critic's values (``gae``);
+4. **advantages** by the named estimator (:mod:`.estimators`);
+5. **update**: ``epochs_per_batch`` passes; each pass accumulates gradients over micro-batches
+   cut by ``micro_batch_tokens`` (every loss is divided by the batch's total generated tokens, so
+   the sum is the token mean), clips the gradient norm and steps the optimizer(s); the scheduler
+   steps once per iteration;
+6. metrics, held-out evaluation every ``eval_every`` iterations, checkpoint every
+   ``checkpoint_every`` iterations (and after the last one).
+
+The forward/backward passes run under ``torch.autocast`` in bfloat16 when ``compute_dtype``
+resolves to it (weights and optimizer state stay float32).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from r3rag.config import dump_config
+from r3rag.data.records import Question
+from r3rag.rewards.types import RewardOutput, summarize
+from r3rag.rollout.engine import RolloutEngine
+from r3rag.rollout.trajectory import Trajectory
+from r3rag.train.rl import evaluate as ev
+from r3rag.train.rl.batch import RolloutBatch, build_batch, micro_batches, select
+from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_hf_folder, strip_quantizer
+from r3rag.train.rl.config import RLConfig
+from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
+from r3rag.train.rl.forward import policy_logprobs
+from r3rag.train.rl.losses import approx_kl, kl_loss, policy_loss, value_loss
+from r3rag.train.rl.metrics import MetricsLog
+from r3rag.train.rl.value_head import ValueModel
+
+RewardFn = Callable[[Sequence[Trajectory]], list[RewardOutput]]
+DONE = "DONE"
+
+
+def resolve_compute_dtype(name: str, device: str) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA, and on CPUs whose flags include native bf16 arithmetic
+    (avx512_bf16 / amx_bf16: measured faster there, see docs/rl.md); float32 elsewhere."""
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        flags = []
+    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+
+
+class DataOrder:
+    """Question ``k`` of the whole run is ``perm_e[k % n]`` with ``e = k // n`` and ``perm_e`` a
+    permutation seeded by ``(seed, e)``: each epoch visits every question once, in a new order."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        return self._perms[epoch]
+
+    def indices(self, it: int, per_iter: int) -> list[int]:
+        ks = range(it * per_iter, (it + 1) * per_iter)
+        return [int(self._perm(k // self.n)[k % self.n]) for k in ks]
+
+
+@dataclass
+class Models:
+    policy: Any
+    tokenizer: Any
+    reference: Any = None
+    critic: ValueModel | None = None
+
+
+def _lr_lambda(cfg: RLConfig) -> Callable[[int], float]:
+    total = max(1, cfg.train.iterations)
+    warm = cfg.algo.warmup_iters
+
+    def f(i: int) -> float:
+        if warm and i < warm:
+            return (i + 1) / warm
+        frac = (i - warm) / max(1, total - warm)
+        if cfg.algo.schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        if cfg.algo.schedule == "linear":
+            return max(0.0, 1.0 - frac)
+        return 1.0
+
+    return f
+
+
+class RLTrainer:
+    """One run (one stage) of :mod:`r3rag.train.rl`. Every heavy piece can be passed in (tests use
+    a tiny model, an in-memory retriever and their own reward); otherwise it is built from ``cfg``."""
+
+    def __init__(
+        self,
+        cfg: RLConfig,
+        out_dir: str | Path,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        retriever: Any = None,
+        questions: Sequence[Question] | None = None,
+        eval_questions: Sequence[Question] | None = None,
+        reward_fn: RewardFn | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.model.threads:
+            torch.set_num_threads(cfg.model.threads)
+        self.device = torch.device(cfg.model.device)
+        self.dtype = resolve_compute_dtype(cfg.model.compute_dtype, cfg.model.device)
+        self._questions, self._eval_questions, self._retriever = questions, eval_questions, retriever
+        self._model, self._tokenizer, self._reward_fn = model, tokenizer, reward_fn
+
+    # ---- building ----------------------------------------------------------------------------------
+    def _build(self) -> None:
+        from r3rag.rollout.backends.hf import HFBackend, load_model
+
+        cfg = self.cfg
+        if self._model is None:
+            self._model, self._tokenizer = load_model(cfg.model.path, dtype="float32", device=cfg.model.device)
+        policy = self._model
+        strip_quantizer(policy)  # a GGUF model is dequantised float weights by now: train it as such
+        policy.to(device=self.device, dtype=torch.float32)
+        policy.config.use_cache = True
+        reference = None
+        if cfg.algo.kl_coef > 0:
+            reference = copy.deepcopy(policy).eval()
+            reference.requires_grad_(False)
+        critic = ValueModel(policy).to(self.device) if cfg.algo.estimator == "gae" else None
+        self.models = Models(policy, self._tokenizer, reference, critic)
+        self.backend = HFBackend(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size)
+        if self._questions is None or self._retriever is None:
+            from r3rag.evaluation.components import load_retriever
+            from r3rag.evaluation.datasets import resolve_dataset
+
+            train_ds = resolve_dataset(cfg.data)
+            if self._questions is None:
+                self._questions = train_ds.questions
+            if self._retriever is None:
+                self._retriever = load_retriever(cfg.retriever, train_ds)
+        if self._eval_questions is None and (cfg.train.eval_every or cfg.train.eval_at_start or cfg.train.iterations):
+            from r3rag.evaluation.datasets import resolve_dataset
+
+            self._eval_questions = resolve_dataset(cfg.eval.dataset).questions
+        self.questions = list(self._questions)
+        self.eval_questions = list(self._eval_questions or [])
+        self.engine = RolloutEngine(self.backend, self._retriever, cfg.rollout)
+        self.eval_engine = RolloutEngine(
+            self.backend, self._retriever, cfg.rollout.model_copy(update={"n_samples": 1, "temperature": 0.0, "temperatures": None})
+        )
+        if self._reward_fn is None:
+            from r3rag.rewards.recipes import load_recipe
+
+            self._reward_fn = load_recipe(cfg.reward.recipe, cfg.reward.overrides).score
+        self.reward_fn = self._reward_fn
+        a = cfg.algo
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(cfg))
+        self.critic_optimizer = None
+        if critic is not None:
+            self.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=a.betas, weight_decay=a.weight_decay)
+        self.order = DataOrder(len(self.questions), cfg.train.seed)
+        self._arun_takes_seed = "seed" in inspect.signature(self.engine.arun).parameters
+
+    def _objects(self) -> dict[str, Any]:
+        return {
+            "policy": self.models.policy, "critic": self.models.critic, "optimizer": self.optimizer,
+            "scheduler": self.scheduler, "critic_optimizer": self.critic_optimizer,
+        }
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self) -> Path:
+        """Train (resuming from the newest checkpoint), evaluate, write the final HF folder; returns it."""
+        final = self.out / "final"
+        if (self.out / DONE).is_file() and final.is_dir():
+            return final
+        self._build()
+        cfg = self.cfg
+        (self.out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        start = 0
+        ckpt = latest_checkpoint(self.out)
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, self._objects(), map_location=self.device)
+            start = int(state["completed"])
+        self.log = MetricsLog(self.out, start, cfg.train.tensorboard, cfg.train.wandb_project, self.out.name,
+                              cfg.model_dump(mode="json"))
+        from tqdm import tqdm
+
+        t_begin = time.perf_counter()
+        bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"rl {self.out.name}", unit="it", disable=not cfg.train.progress)
+        try:
+            if start == 0 and cfg.train.eval_at_start and self.eval_questions:
+                self._evaluate(0)
+            completed = start
+            for it in range(start, cfg.train.iterations):
+                rec = self.iteration(it)
+                completed = it + 1
+                last = completed == cfg.train.iterations
+                out_of_time = cfg.train.max_minutes is not None and (time.perf_counter() - t_begin) / 60 >= cfg.train.max_minutes
+                if self.eval_questions and ((cfg.train.eval_every and completed % cfg.train.eval_every == 0) or last or out_of_time):
+                    rec.update(self._evaluate(completed, log=False))
+                self.log.write(rec)
+                bar.update(1)
+                bar.set_postfix(reward=f"{rec.get('reward/total', 0):.3f}", **({"em": rec["eval/em"]} if "eval/em" in rec else {}))
+                if completed % cfg.train.checkpoint_every == 0 or last or out_of_time:
+                    self._checkpoint(completed)
+                if out_of_time:
+                    break
+        finally:
+            bar.close()
+            self.log.close()
+        save_hf_folder(self.models.policy, self.models.tokenizer, final)
+        self._report()
+        (self.out / DONE).write_text("done\n", encoding="utf-8")
+        return final
+
+    def _checkpoint(self, completed: int) -> None:
+        t = time.perf_counter()
+        save_checkpoint(self.out, completed, self._objects(), {"seed": self.cfg.train.seed, "questions": len(self.questions),
+                        "per_iter": self.cfg.train.questions_per_iter}, keep=self.cfg.train.keep_checkpoints)
+        self.last_checkpoint_s = time.perf_counter() - t
+
+    def _report(self) -> None:
+        """Before/after comparison (paired bootstrap) and the curves."""
+        evals = sorted((self.out / "eval").glob("step_*.jsonl")) if (self.out / "eval").is_dir() else []
+        if len(evals) >= 2:
+            from r3rag.evaluation.predictions import load_rows
+
+            before, after = load_rows(evals[0]), load_rows(evals[-1])
+            report = {m: ev.paired_difference(before, after, m) for m in ("em", "f1", "cover_em")}
+            report["retrievals_by_hops"] = {"before": ev.retrievals_by_hops(before), "after": ev.retrievals_by_hops(after)}
+            report["files"] = [evals[0].name, evals[-1].name]
+            ev.write_json(self.out / "eval_report.json", report)
+        if self.cfg.train.plots:
+            from r3rag.train.rl.plots import plot_curves
+
+            plot_curves(self.out)
+
+    def _evaluate(self, step: int, log: bool = True) -> dict[str, Any]:
+        t = time.perf_counter()
+        self._refresh_backend()
+        self.models.policy.eval()
+        rows = ev.evaluate_policy(self.eval_engine, self.eval_questions, ev.eval_path(self.out, step),
+                                  self.cfg.eval.normalization, self.cfg.eval.batch_size)
+        rec = ev.summary(rows)
+        rec["time/eval"] = time.perf_counter() - t
+        if log:
+            self.log.write({"step": step, "kind": "eval", **rec})
+        return rec
+
+    def _refresh_backend(self) -> None:
+        update = getattr(self.backend, "update_weights", None)
+        try:
+            if update is not None:
+                update(None)
+            else:
+                self.backend.clear_cache()
+        except Exception:  # noqa: BLE001 - a backend without the hook: clearing its caches is enough
+            self.backend.clear_cache()
+
+    # ---- one iteration -------------------------------------------------------------------------------
+    def _rollout(self, it: int) -> list[Trajectory]:
+        cfg = self.cfg
+        qs = [self.questions[i] for i in self.order.indices(it, cfg.train.questions_per_iter)]
+        seed = cfg.rollout.seed + 1_000_003 * cfg.train.seed + it
+        if self._arun_takes_seed:
+            return asyncio.run(self.engine.arun(qs, seed=seed))
+        self.engine.config = cfg.rollout.model_copy(update={"seed": seed})
+        return asyncio.run(self.engine.arun(qs))
+
+    def _autocast(self) -> Any:
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    def iteration(self, it: int) -> dict[str, Any]:
+        cfg, a, m = self.cfg, self.cfg.algo, self.models
+        times: dict[str, float] = {}
+        t0 = time.perf_counter()
+        s0 = dict(self.engine.stats.to_dict())
+        self._refresh_backend()
+        m.policy.eval()
+        trajs = self._rollout(it)
+        t1 = time.perf_counter()
+        s1 = self.engine.stats.to_dict()
+        times["time/rollout"] = t1 - t0
+        times["time/generate"] = s1["generate_s"] - s0["generate_s"]
+        times["time/retrieve"] = s1["retrieve_s"] - s0["retrieve_s"]
+        rewards = self.reward_fn(trajs)
+        t2 = time.perf_counter()
+        times["time/reward"] = t2 - t1
+        rec: dict[str, Any] = {"step": it + 1, "kind": "train"}
+        rec.update(self._rollout_stats(trajs, rewards))
+        sel = select(trajs, rewards, grouped=a.estimator in GROUP_ESTIMATORS, dynamic_filtering=a.dynamic_filtering, tol=a.filter_tol)
+        n = max(1, len(trajs))
+        rec.update({
+            "batch/trajectories": len(trajs), "batch/kept": len(sel.keep), "batch/groups": sel.groups,
+            "batch/filtered_fraction": sel.filtered_fraction, "batch/dropped_fraction": sel.dropped / n,
+            "batch/untrainable_fraction": sel.untrainable / n, "batch/dropped": sel.dropped, "batch/untrainable": sel.untrainable,
+        })
+        if sel.keep:
+            kept = [trajs[i] for i in sel.keep]
+            batch = build_batch(kept, [rewards[i] for i in sel.keep], self.backend.pad_id, cfg.rollout.temperature_for)
+            rec.update(self._train_on(batch, times))
+        else:
+            times["time/forward"] = times["time/update"] = 0.0
+        self.scheduler.step()
+        total = time.perf_counter() - t0
+        times["time/iteration"] = total
+        times["time/overhead"] = total - times["time/generate"] - times["time/forward"] - times["time/update"]
+        times["time/overhead_fraction"] = times["time/overhead"] / total if total > 0 else 0.0
+        rec["policy/lr"] = self.scheduler.get_last_lr()[0]
+        rec.update(times)
+        return rec
+
+    def _rollout_stats(self, trajs: Sequence[Trajectory], rewards: Sequence[RewardOutput]) -> dict[str, Any]:
+        n = max(1, len(trajs))
+        out: dict[str, Any] = {k: v for k, v in summarize(rewards).items()}
+        stops = Counter(t.stop_reason or "none" for t in trajs)
+        for k, v in stops.items():
+            out[f"stop/{k}"] = v / n
+        out["rollout/generated_tokens"] = sum(t.num_generated_tokens for t in trajs) / n
+        out["rollout/retrievals"] = sum(t.num_retrievals for t in trajs) / n
+        out["rollout/steps"] = sum(len(t.steps) for t in trajs) / n
+        out["rollout/format_error_rate"] = sum(any(s.format_error for s in t.steps) for t in trajs) / n
+        out["rollout/answered"] = sum(t.answer is not None for t in trajs) / n
+        return out
+
+    def _to(self, b: RolloutBatch) -> RolloutBatch:
+        d = self.device
+        return RolloutBatch(b.input_ids.to(d), b.attention_mask.to(d), b.action_mask.to(d), b.step_rewards, b.rollout_logprobs,
+                            b.temperatures.to(d), b.group, b.totals, b.lengths)
+
+    def _train_on(self, batch: RolloutBatch, times: dict[str, float]) -> dict[str, Any]:
+        cfg, a, m = self.cfg, self.cfg.algo, self.models
+        t0 = time.perf_counter()
+        mbs = micro_batches(batch.lengths, a.micro_batch_tokens)
+        B, L = batch.action_mask.shape
+        old = torch.zeros(B, L)
+        ref = torch.zeros(B, L) if m.reference is not None else None
+        values = torch.zeros(B, L) if m.critic is not None else None
+        with torch.no_grad(), self._autocast():
+            for idx in mbs:
+                mb = self._to(batch.rows(idx))
+                w = mb.action_mask.shape[1]
+                lp, _ = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
+                old[idx, :w] = lp.cpu()
+                if ref is not None:
+                    rl, _ = policy_logprobs(m.reference, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
+                    ref[idx, :w] = rl.cpu()
+                if values is not None:
+                    values[idx, :w] = (m.critic(mb.input_ids, mb.attention_mask) * mb.action_mask).cpu()
+        mask = batch.action_mask
+        kl = approx_kl(old, ref, a.kl_estimator) * mask if ref is not None else None
+        adv = compute_advantages(
+            a.estimator, batch.step_rewards, mask, batch.group, kl=kl, kl_coef=0.0 if a.kl_use_loss else a.kl_coef,
+            values=values, gamma=a.gamma, lambd=a.lambd, no_std_norm=a.no_std_norm, reward_clip=a.reward_clip,
+        )
+        t1 = time.perf_counter()
+        times["time/forward"] = t1 - t0
+        n_tok = float(mask.sum())
+        stats: dict[str, float] = Counter()
+        for _ in range(a.epochs_per_batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.critic_optimizer is not None:
+                self.critic_optimizer.zero_grad(set_to_none=True)
+            m.policy.train()
+            for idx in mbs:
+                mb = self._to(batch.rows(idx))
+                w = mb.action_mask.shape[1]
+                ix = torch.as_tensor(idx)
+                sl = (ix[:, None], torch.arange(w)[None, :])
+                with self._autocast():
+                    lp, ent = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures, entropy=True)
+                    pl, st = policy_loss(lp, old[sl].to(lp.device), adv.advantages[sl].to(lp.device), mb.action_mask, n_tok,
+                                         a.clip_eps_low, a.clip_eps_high, a.dual_clip)
+                    loss = pl
+                    ent_mean = (ent * mb.action_mask).sum() / n_tok
+                    if a.entropy_coef > 0:
+                        loss = loss - a.entropy_coef * ent_mean
+                    if a.kl_use_loss and ref is not None:
+                        kll = kl_loss(lp, ref[sl].to(lp.device), mb.action_mask, a.kl_estimator, n_tok)
+                        loss = loss + a.kl_coef * kll
+                        stats["loss/kl"] += float(kll.detach())
+                    if m.critic is not None:
+                        v = m.critic(mb.input_ids, mb.attention_mask)
+                        vl = value_loss(v, values[sl].to(v.device), adv.returns[sl].to(v.device), mb.action_mask, n_tok, a.value_clip)
+                        loss = loss + a.vf_coef * vl
+                        stats["loss/value"] += float(vl.detach())
+                loss.backward()
+                frac = float(mb.action_mask.sum()) / n_tok
+                stats["loss/policy"] += float(pl.detach())
+                stats["policy/entropy"] += float(ent_mean.detach())
+                stats["policy/clip_frac"] += st["clip_frac"] * frac
+                stats["policy/ppo_kl"] += st["ppo_kl"] * frac
+            gn = torch.nn.utils.clip_grad_norm_(m.policy.parameters(), a.max_grad_norm)
+            stats["policy/grad_norm"] += float(gn)
+            self.optimizer.step()
+            if self.critic_optimizer is not None:
+                torch.nn.utils.clip_grad_norm_(m.critic.parameters(), a.max_grad_norm)
+                self.critic_optimizer.step()
+        m.policy.eval()
+        times["time/update"] = time.perf_counter() - t1
+        E = a.epochs_per_batch
+        out = {k: v / E for k, v in stats.items()}
+        known = mask.bool() & ~torch.isnan(batch.rollout_logprobs)
+        if known.any():
+            out["policy/logprob_mismatch"] = float((batch.rollout_logprobs[known] - old[known]).abs().mean())
+        if kl is not None:
+            out["kl/mean"] = float(kl.sum() / mask.sum())
+        out["advantage/mean"] = float((adv.advantages * mask).sum() / mask.sum())
+        out["advantage/abs_mean"] = float((adv.advantages.abs() * mask).sum() / mask.sum())
+        out["batch/generated_tokens"] = n_tok
+        out["batch/padded_tokens"] = float(sum(len(i) * max(batch.lengths[j] for j in i) for i in mbs))
+        out["batch/micro_batches"] = len(mbs)
+        return out
+
+
+# ---- schedules: one run, or stages each starting from the previous one's final model ----------------
+def run_schedule(config_path: str | Path | None, overrides: Sequence[str], out_dir: str | Path, **inject: Any) -> Path:
+    """Run the config (all its stages, in order) into ``out_dir``; returns the last final model folder.
+
+    Stage ``k`` loads the file, applies its own ``set`` overrides, then the command line's, and (for
+    ``k > 0``) starts from stage ``k-1``'s ``final/`` folder. A finished stage (``DONE``) is skipped,
+    so rerunning a killed schedule resumes where it stopped."""
+    from r3rag.config import load_config
+
+    base = load_config(RLConfig, config_path, overrides)
+    out = Path(out_dir)
+    if not base.stages:
+        return RLTrainer(base, out, **inject).run()
+    previous: Path | None = None
+    for stage in base.stages:
+        extra = list(stage.set) + list(overrides)
+        if previous is not None:
+            extra.append(f"model.path={previous}")
+        cfg = load_config(RLConfig, config_path, extra)
+        inj = dict(inject)
+        if previous is not None:
+            inj.pop("model", None)
+            inj.pop("tokenizer", None)
+        previous = RLTrainer(cfg, out / stage.name, **inj).run()
+    assert previous is not None
+    return previous

@@ -1,0 +1,1 @@
+"""SFT through LLaMA-Factory: data export, the shared chat template, the YAML writer and launcher."""

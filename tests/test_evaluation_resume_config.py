@@ -1,0 +1,115 @@
+"""Issue 11 item 6: an evaluation folder resumes only a run with the same settings.
+
+The oracle (no model) on the embedded world keeps these fast: a changed ``--set rollout.*`` is
+refused with one line naming it, a larger ``dataset.limit`` extends a run (the quickstart's
+``--limit 0``), a smaller one is refused, settings that only say where or how fast resume, and the
+key is on disk before the first prediction, so a killed run is protected too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from r3rag.config import load_config
+from r3rag.errors import ConfigError
+from r3rag.evaluation import runner as runner_mod
+from r3rag.evaluation.config import EvaluationConfig
+from r3rag.evaluation.datasets import ensure_world
+from r3rag.evaluation.predictions import load_rows
+from r3rag.evaluation.run_key import run_key
+from r3rag.evaluation.runner import run_evaluation
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return ensure_world(tmp_path_factory.mktemp("resume") / "world", seed=0, size="small")
+
+
+def cfg(world, *overrides):
+    base = [f"dataset.world_dir={world}", "method.name=oracle", "run.progress=false", "run.bootstrap=50"]
+    return load_config(EvaluationConfig, None, base + list(overrides))
+
+
+def test_changed_rollout_setting_is_refused_naming_it(world, tmp_path):
+    run_evaluation(cfg(world, "dataset.limit=4"), tmp_path / "run")
+    with pytest.raises(ConfigError) as err:
+        run_evaluation(cfg(world, "dataset.limit=4", "rollout.docs_per_step=2"), tmp_path / "run")
+    msg = str(err.value)
+    assert "holds a run with rollout.docs_per_step=5, not 2; use another --out" in msg and "\n" not in msg
+    with pytest.raises(ConfigError, match=r"method\.oracle_format='r3rag_steps', not 'r1searcher_tags'"):
+        run_evaluation(cfg(world, "dataset.limit=4", "method.oracle_format=r1searcher_tags"), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"rollout\.max_steps=5, not 3 \(and 1 more: rollout\.temperature\)"):
+        run_evaluation(cfg(world, "dataset.limit=4", "rollout.max_steps=3", "rollout.temperature=0.5"), tmp_path / "run")
+    # where and how fast are not what: these resume without redoing anything
+    again = run_evaluation(cfg(world, "dataset.limit=4", "run.batch_size=2", "retriever.bm25_backend=auto",
+                               "run.bootstrap=10", "model.device=meta"), tmp_path / "run")
+    assert (again.new, again.skipped) == (0, 4)
+
+
+def test_a_larger_limit_extends_a_run_and_a_smaller_one_is_refused(world, tmp_path):
+    first = run_evaluation(cfg(world, "dataset.limit=3"), tmp_path / "run")
+    assert (first.new, first.skipped) == (3, 0)
+    grown = run_evaluation(cfg(world, "dataset.limit=7"), tmp_path / "run")
+    assert (grown.new, grown.skipped) == (4, 3)
+    rows = load_rows(tmp_path / "run" / "predictions.jsonl")
+    assert sorted(r["index"] for r in rows) == list(range(7))
+    straight = run_evaluation(cfg(world, "dataset.limit=7"), tmp_path / "straight")
+    assert (tmp_path / "run" / "results.json").read_text() == (tmp_path / "straight" / "results.json").read_text()
+    assert straight.new == 7
+    with pytest.raises(ConfigError, match=r"is not among this run's questions \(dataset\.limit=2, shard\); a run is extended"):
+        run_evaluation(cfg(world, "dataset.limit=2"), tmp_path / "run")
+
+
+def test_rows_of_another_dataset_version_are_refused(world, tmp_path):
+    run_evaluation(cfg(world, "dataset.limit=2"), tmp_path / "run")
+    path = tmp_path / "run" / "predictions.jsonl"
+    rows = load_rows(path)
+    rows[1]["golden_answers"] = ["someone else"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match="predicted for another version of the dataset"):
+        run_evaluation(cfg(world, "dataset.limit=2"), tmp_path / "run")
+
+
+def test_the_key_is_on_disk_before_the_first_prediction(world, tmp_path, monkeypatch):
+    """A run killed after some predictions (here: failing while it computes the results) still
+    refuses a rerun with other settings."""
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner_mod, "build_results", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(cfg(world, "dataset.limit=3"), tmp_path / "run")
+    monkeypatch.undo()
+    assert len(load_rows(tmp_path / "run" / "predictions.jsonl")) == 3
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["config_key"] == run_key(cfg(world, "dataset.limit=3"))
+    with pytest.raises(ConfigError, match=r"rollout\.top_p=1\.0, not 0\.5"):
+        run_evaluation(cfg(world, "dataset.limit=3", "rollout.top_p=0.5"), tmp_path / "run")
+    resumed = run_evaluation(cfg(world, "dataset.limit=3"), tmp_path / "run")
+    assert (resumed.new, resumed.skipped) == (0, 3)
+
+
+def test_shards_of_different_settings_do_not_merge(world, tmp_path):
+    from r3rag.errors import DataError
+    from r3rag.evaluation.merge import merge_runs
+
+    run_evaluation(cfg(world, "dataset.limit=4", "run.shard=0/2"), tmp_path / "s0")
+    run_evaluation(cfg(world, "dataset.limit=4", "run.shard=1/2", "rollout.docs_per_step=3"), tmp_path / "s1")
+    with pytest.raises(DataError, match=r"ran with other settings .*rollout\.docs_per_step=5, not 3"):
+        merge_runs([tmp_path / "s0", tmp_path / "s1"], tmp_path / "merged")
+
+
+def test_cli_refusal_is_one_line(world, tmp_path, repo_root):
+    run_evaluation(cfg(world, "dataset.limit=2"), tmp_path / "run")
+    sets = [f"dataset.world_dir={world}", "dataset.limit=2", "run.bootstrap=50", "rollout.temperature=0.7"]
+    r = subprocess.run([sys.executable, str(repo_root / "benchmark" / "evaluate.py"), "run", "--method", "oracle",
+                        "--out", str(tmp_path / "run"), "--no-progress", *[a for s in sets for a in ("--set", s)]],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'run'} holds a run with rollout.temperature=0.0, not 0.7; use another --out"]

@@ -1,0 +1,321 @@
+"""The quickstart's pipeline machinery: done markers, resume, stale settings, services always
+stopped (failure, Ctrl-C, SIGTERM), child processes that die with the pipeline, usability checks,
+paired bootstrap intervals. Stand-in stage functions here; the real stages run in
+test_quickstart_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from r3rag.errors import ConfigError
+from r3rag.evaluation.paired import means_with_ci, paired_differences
+from r3rag.pipeline import checks
+from r3rag.pipeline.child import ChildFailed, run_child
+from r3rag.pipeline.config import QuickstartConfig
+from r3rag.pipeline.runner import Context, Stage, StageUnusable, Terminated, run_pipeline
+from r3rag.pipeline.stages import parse_stages, retrieval_url, run_index, run_world
+from r3rag.pipeline.state import PipelineState
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ctx(tmp_path: Path, **cfg) -> Context:
+    lines: list[str] = []
+    ctx = Context(cfg=QuickstartConfig(work=str(tmp_path / "work"), **cfg), work=tmp_path / "work", repo_root=REPO,
+                  echo=lines.append)
+    ctx.lines = lines  # type: ignore[attr-defined]
+    return ctx
+
+
+def _counting_stages(calls: dict[str, int], knob: dict[str, int]) -> list[Stage]:
+    def make(name: str):
+        def run(ctx: Context) -> dict:
+            calls[name] = calls.get(name, 0) + 1
+            (ctx.stage_dir(name) / "out.txt").write_text(f"{name} {knob.get(name, 0)}")
+            return {"line": f"{name} ran"}
+        return run
+
+    return [
+        Stage("a", "first", make("a"), settings=lambda ctx: knob.get("a", 0)),
+        Stage("b", "second", make("b"), needs=("a",), settings=lambda ctx: knob.get("b", 0)),
+        Stage("c", "third", make("c"), needs=("b",)),
+    ]
+
+
+def test_rerun_skips_finished_stages(tmp_path):
+    calls: dict[str, int] = {}
+    ctx = _ctx(tmp_path)
+    stages = _counting_stages(calls, {})
+    out = run_pipeline(ctx, stages, ["a", "b", "c"])
+    assert [out[s]["status"] for s in "abc"] == ["ran"] * 3
+    assert calls == {"a": 1, "b": 1, "c": 1}
+    marker = PipelineState(ctx.work).get("b")
+    assert marker["summary"]["line"] == "b ran" and marker["elapsed_s"] >= 0
+    progress = [line for line in ctx.lines if "done in" in line]
+    assert len(progress) == 3 and progress[0].startswith("[1/3] a")
+
+    ctx2 = _ctx(tmp_path)
+    out = run_pipeline(ctx2, _counting_stages(calls, {}), ["a", "b", "c"])
+    assert [out[s]["status"] for s in "abc"] == ["skipped"] * 3
+    assert calls == {"a": 1, "b": 1, "c": 1}
+    assert any("skip: done earlier" in line for line in ctx2.lines)
+
+
+def test_a_torn_marker_counts_as_not_done(tmp_path):
+    calls: dict[str, int] = {}
+    ctx = _ctx(tmp_path)
+    run_pipeline(ctx, _counting_stages(calls, {}), ["a"])
+    PipelineState(ctx.work).marker_path("a").write_text('{"stage": "a", "finger')  # a write cut short
+    run_pipeline(_ctx(tmp_path), _counting_stages(calls, {}), ["a"])
+    assert calls["a"] == 2
+
+
+def test_changed_settings_refuse_the_stale_marker_and_redo_cascades(tmp_path):
+    calls: dict[str, int] = {}
+    knob = {"a": 0}
+    run_pipeline(_ctx(tmp_path), _counting_stages(calls, knob), ["a", "b", "c"])
+    knob["a"] = 1  # a's settings change: a, and through the fingerprint chain b and c, are stale
+    with pytest.raises(ConfigError, match="stage a .* other settings.*--redo a"):
+        run_pipeline(_ctx(tmp_path), _counting_stages(calls, knob), ["a", "b", "c"])
+    with pytest.raises(ConfigError, match="stage b .* other settings"):
+        run_pipeline(_ctx(tmp_path), _counting_stages(calls, knob), ["b"])
+    out = run_pipeline(_ctx(tmp_path), _counting_stages(calls, knob), ["a", "b", "c"], redo=["a"])
+    assert [out[s]["status"] for s in "abc"] == ["ran"] * 3
+    assert calls == {"a": 2, "b": 2, "c": 2}
+    assert (tmp_path / "work" / "a" / "out.txt").read_text() == "a 1"
+
+
+def test_a_stage_whose_inputs_are_missing_is_one_clear_error(tmp_path):
+    calls: dict[str, int] = {}
+    with pytest.raises(ConfigError, match="stage c needs stage b's outputs"):
+        run_pipeline(_ctx(tmp_path), _counting_stages(calls, {}), ["c"])
+    assert calls == {}
+    with pytest.raises(ConfigError, match="unknown stage 'x'"):
+        run_pipeline(_ctx(tmp_path), _counting_stages(calls, {}), ["x"])
+
+
+def test_parse_stages_prefixes_ranges_and_subsets():
+    assert parse_stages("world-sft") == ["world", "index", "coldstart", "sft"]
+    assert parse_stages("report,eval") == ["eval", "report"]
+    assert parse_stages("rl-") == ["rl", "eval", "report"]
+    assert parse_stages("all")[-1] == "report"
+    with pytest.raises(ConfigError, match="unknown stage 'evl'"):
+        parse_stages("evl")
+    with pytest.raises(ConfigError, match="comes after"):
+        parse_stages("sft-world")
+
+
+# --- the retrieval service is stopped however the pipeline ends --------------------------------------
+
+
+def _port_open(url: str) -> bool:
+    host, port = url.rsplit("//", 1)[1].split(":")
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, int(port))) == 0
+
+
+def _world_stages(seen: list[str], how: str) -> list[Stage]:
+    def boom(ctx: Context) -> dict:
+        url = retrieval_url(ctx)
+        seen.append(url)
+        assert _port_open(url)
+        if how == "error":
+            raise RuntimeError("the stage failed")
+        if how == "ctrl-c":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        return {}
+
+    return [Stage("world", "world", run_world), Stage("index", "index", run_index, needs=("world",)),
+            Stage("boom", "boom", boom, needs=("index",))]
+
+
+@pytest.mark.parametrize("how,exc", [("error", RuntimeError), ("ctrl-c", KeyboardInterrupt), ("sigterm", Terminated)])
+def test_the_retrieval_service_is_stopped_on_failure_ctrl_c_and_sigterm(tmp_path, how, exc):
+    ctx = _ctx(tmp_path, world={"size": "tiny", "clusters": 10, "questions_per_cluster": 2}, eval={"limit": 2})
+    seen: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(exc):
+        run_pipeline(ctx, _world_stages(seen, how), ["world", "index", "boom"])
+    assert seen and not _port_open(seen[0])
+    assert "stopped: retrieval service" in ctx.lines
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
+    assert PipelineState(ctx.work).is_done("index") and not PipelineState(ctx.work).is_done("boom")
+
+
+# --- child processes ---------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (dead, not yet reaped by its new parent) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(path: Path, timeout: float = 30.0) -> str:
+    end = time.time() + timeout
+    while time.time() < end:
+        if path.is_file() and path.read_text().strip():
+            return path.read_text().strip()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+
+
+def test_a_child_dies_when_the_pipeline_is_sigkilled(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    parent_code = textwrap.dedent(f"""
+        import sys
+        from r3rag.pipeline.child import run_child
+        run_child([sys.executable, "-c", {SLEEPER!r}, {str(pid_file)!r}], echo=False)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=REPO)
+    child = int(_wait_for(pid_file))
+    assert _alive(child)
+    parent.kill()  # SIGKILL: none of the parent's own cleanup runs
+    parent.wait(timeout=10)
+    end = time.time() + 10
+    while _alive(child) and time.time() < end:
+        time.sleep(0.05)
+    assert not _alive(child), "the child outlived its SIGKILLed parent"
+
+
+def test_a_child_is_stopped_when_the_wait_is_interrupted(tmp_path):
+    pid_file = tmp_path / "child.pid"
+
+    def interrupt_soon(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt_soon)
+    try:
+        import threading
+
+        def arm():
+            _wait_for(pid_file)
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+
+        threading.Thread(target=arm, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run_child([sys.executable, "-c", SLEEPER, str(pid_file)], echo=False, grace_s=2)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    child = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not _alive(child)
+
+
+def test_a_failing_child_is_one_error_naming_its_log(tmp_path):
+    log = tmp_path / "log.txt"
+    with pytest.raises(ChildFailed, match="exited with status 3.*log.txt"):
+        run_child([sys.executable, "-c", "print('about to fail'); raise SystemExit(3)"], log_path=log, echo=False)
+    assert "about to fail" in log.read_text()
+    with pytest.raises(ChildFailed, match="ran past its 1 s limit"):
+        run_child([sys.executable, "-c", "import time; time.sleep(30)"], echo=False, timeout_s=1, grace_s=1)
+
+
+# --- usability checks --------------------------------------------------------------------------------
+
+
+def _fake_checkpoint(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"x")
+    return d
+
+
+def test_coldstart_with_nothing_kept_is_unusable(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"tried": 40, "kept": 0}))
+    with pytest.raises(StageUnusable, match="kept 0 trajectories.*40 questions"):
+        checks.check_coldstart(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"tried": 40, "kept": 12}))
+    assert checks.check_coldstart(tmp_path, min_kept=10)["kept"] == 12
+
+
+def test_sft_loss_must_fall(tmp_path):
+    _fake_checkpoint(tmp_path)
+    log = tmp_path / "trainer_log.jsonl"
+    log.write_text("".join(json.dumps({"loss": x}) + "\n" for x in (2.0, 2.1, 2.2, 2.3)))
+    with pytest.raises(StageUnusable, match="loss did not fall"):
+        checks.check_sft(tmp_path)
+    assert checks.check_sft(tmp_path, require_loss_drop=False)["loss_fell"] is False
+    log.write_text("".join(json.dumps({"loss": x}) + "\n" for x in (2.0, 1.5, 1.2, 0.9)))
+    out = checks.check_sft(tmp_path)
+    assert out["loss_fell"] is True and out["checkpoint"] == str(tmp_path.resolve())
+
+
+def test_rl_flat_and_fully_filtered_is_unusable(tmp_path):
+    ckpt = _fake_checkpoint(tmp_path / "final")
+    rows = [{"step": i, "kind": "train", "reward/total": 0.25, "batch/filtered_fraction": 1.0} for i in range(1, 5)]
+    rows.insert(0, {"step": 0, "kind": "eval", "eval/em": 3.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(StageUnusable, match="reward stayed at 0.250.*every group"):
+        checks.check_rl(tmp_path)
+    rows[2]["batch/filtered_fraction"] = 0.5  # one iteration trained on something
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = checks.check_rl(tmp_path)
+    assert out["checkpoint"] == str(ckpt.resolve()) and out["rewards"] == [0.25] * 4
+
+
+def test_a_staged_rl_run_finds_its_last_final_folder(tmp_path):
+    _fake_checkpoint(tmp_path / "stage1" / "final")
+    time.sleep(0.01)
+    last = _fake_checkpoint(tmp_path / "stage2" / "final")
+    _fake_checkpoint(tmp_path / "stage2" / "checkpoints" / "step_3")
+    assert checks.find_checkpoint(tmp_path) == last.resolve()
+
+
+# --- paired bootstrap ----------------------------------------------------------------------------------
+
+
+def _rows(em: np.ndarray, retrievals: np.ndarray | None = None, stop: list[str] | None = None) -> list[dict]:
+    return [{"id": f"q{i}", "scores": {"em": float(v), "f1": float(v), "cover_em": float(v)},
+             "num_retrievals": int(retrievals[i]) if retrievals is not None else 1,
+             "stop_reason": stop[i] if stop else "answered"} for i, v in enumerate(em)]
+
+
+def test_paired_differences_see_a_small_real_gain_that_separate_intervals_miss():
+    rng = np.random.default_rng(1)
+    a = (rng.random(300) < 0.4).astype(float)  # a model at about 40 EM
+    b = a.copy()
+    flip = rng.choice(np.flatnonzero(a == 0), size=24, replace=False)  # fixes 24 questions, breaks none: +8 EM
+    b[flip] = 1.0
+    d = paired_differences(_rows(a), _rows(b), resamples=2000, seed=0)["em"]
+    assert d["diff"] == pytest.approx(8.0, abs=0.01)
+    assert d["excludes_zero"] and d["ci95"][0] > 4.0
+    ma, mb = means_with_ci(_rows(a), 2000, 0)["em"], means_with_ci(_rows(b), 2000, 0)["em"]
+    assert mb["ci95"][0] < ma["ci95"][1]  # unpaired intervals overlap: only the paired test sees the gain
+    noise = paired_differences(_rows(a), _rows(a[rng.permutation(300)]), resamples=2000, seed=0)["em"]
+    assert noise["ci95"][0] < 0 < noise["ci95"][1] or abs(noise["diff"]) < 1e-9
+
+
+def test_paired_differences_match_questions_by_id_and_columns_have_units():
+    a = _rows(np.array([0, 1, 0, 1]), retrievals=np.array([1, 1, 1, 1]), stop=["format_error", "answered"] * 2)
+    b = list(reversed(_rows(np.array([1, 1, 0, 1]), retrievals=np.array([2, 2, 3, 3]))))  # another order
+    d = paired_differences(a, b, resamples=200)
+    assert d["em"]["diff"] == pytest.approx(25.0) and d["em"]["n"] == 4
+    assert d["retrievals"]["diff"] == pytest.approx(1.5)
+    assert d["format_error"]["diff"] == pytest.approx(-50.0)
+    m = means_with_ci(a, 200)
+    assert m["format_error"]["mean"] == pytest.approx(50.0) and m["retrievals"]["ci95"] == [1.0, 1.0]
+    with pytest.raises(Exception, match="share no question ids"):
+        paired_differences(a, [dict(r, id="other" + r["id"]) for r in b])

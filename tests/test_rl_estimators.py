@@ -1,0 +1,205 @@
+"""Advantage estimators on a literal batch, computed by hand (see the comments for the arithmetic).
+
+The batch: two groups (questions q1, q2), per-step rewards, one dropped trajectory, and a
+document span in the middle of trajectory A. Token ids don't matter; the segment layout does.
+
+    A (q1): prompt[1,2] model[3,4] env[5,6] model[7,8]   per-step rewards [0.5, 2.0]  (total 2.5)
+    B (q1): prompt[1,2] model[3,4,9]                     per-step rewards [0.0]       (total 0.0)
+    C (q1): prompt[1,2] model[3]                         dropped by the recipe: never trained on
+    D (q2): prompt[1,2] model[3]                         per-step rewards [1.0]
+    E (q2): prompt[1,2] model[3,4]                       per-step rewards [-0.9]      (format error)
+
+Shifted axis (position p predicts token p+1), L = 7:
+    A: action positions 1,2 (step 0; its last token at 2) and 5,6 (step 1; last at 6); 3,4 = documents
+    B: action positions 1,2,3 (last 3)    D: position 1    E: positions 1,2 (last 2)
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from r3rag.rewards.types import RewardOutput
+from r3rag.rollout.trajectory import Segment, Step, Trajectory
+from r3rag.train.rl.batch import build_batch, select
+from r3rag.train.rl.estimators import ESTIMATORS, compute_advantages
+
+PAD = 0
+
+
+def traj(qid: str, sample: int, model_parts: list[list[int]], env: list[list[int]] | None = None) -> Trajectory:
+    segs = [Segment("prompt", "P", [1, 2])]
+    steps = []
+    for i, part in enumerate(model_parts):
+        segs.append(Segment("model", "M", part, [-0.5] * len(part)))
+        steps.append(Step(i, query="x" if i < len(model_parts) - 1 else None, answer=None if i < len(model_parts) - 1 else "y",
+                          segment=len(segs) - 1))
+        if env and i < len(env):
+            segs.append(Segment("env", "D", env[i]))
+    return Trajectory(qid, "?", "r3rag_steps", segments=segs, steps=steps, stop_reason="answered", sample_index=sample)
+
+
+def literal_batch():
+    trajs = [
+        traj("q1", 0, [[3, 4], [7, 8]], env=[[5, 6]]),  # A
+        traj("q1", 1, [[3, 4, 9]]),                      # B
+        traj("q1", 2, [[3]]),                            # C (dropped)
+        traj("q2", 0, [[3]]),                            # D
+        traj("q2", 1, [[3, 4]]),                         # E
+    ]
+    rewards = [
+        RewardOutput(2.5, [0.5, 2.0]),
+        RewardOutput(0.0, [0.0]),
+        RewardOutput(1.0, [1.0], dropped=True),
+        RewardOutput(1.0, [1.0]),
+        RewardOutput(-0.9, [-0.9]),
+    ]
+    sel = select(trajs, rewards, grouped=True, dynamic_filtering=True)
+    batch = build_batch([trajs[i] for i in sel.keep], [rewards[i] for i in sel.keep], PAD)
+    return sel, batch
+
+
+# action positions of the kept rows A, B, D, E on the shifted axis
+ACTIONS = {0: [1, 2, 5, 6], 1: [1, 2, 3], 2: [1], 3: [1, 2]}
+
+
+def at_actions(x: torch.Tensor) -> list[list[float]]:
+    return [[round(float(x[b, p]), 5) for p in ps] for b, ps in ACTIONS.items()]
+
+
+def flat(rows: list[list[float]]) -> list[float]:
+    return [v for r in rows for v in r]
+
+
+def close(got: list[list[float]], want: list[list[float]]) -> bool:
+    return [len(r) for r in got] == [len(r) for r in want] and flat(got) == pytest.approx(flat(want), abs=2e-5)
+
+
+def normalised(rows: list[list[float]]) -> list[list[float]]:
+    """(x - mean) / sqrt(var) over every listed value (population variance): batch normalisation."""
+    xs = flat(rows)
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+    return [[round((x - mean) / std, 5) for x in r] for r in rows]
+
+
+def test_selection_and_layout():
+    sel, b = literal_batch()
+    assert sel.keep == [0, 1, 3, 4] and sel.dropped == 1 and sel.groups == 2 and sel.filtered_groups == 0
+    # input_ids: (B=4, T=8); action_mask: (4, 7)
+    assert tuple(b.input_ids.shape) == (4, 8) and tuple(b.action_mask.shape) == (4, 7)
+    assert b.action_mask[0].tolist() == [0, 1, 1, 0, 0, 1, 1]  # prompt, step 0, documents, step 1
+    assert b.action_mask[1].tolist() == [0, 1, 1, 1, 0, 0, 0]  # padding after B's 5 tokens
+    # per-step rewards on each step's last generated token (A: 0.5 at 2, 2.0 at 6)
+    assert b.step_rewards[0].tolist() == [0, 0, 0.5, 0, 0, 0, 2.0]
+    assert b.step_rewards[3].tolist() == pytest.approx([0, 0, -0.9, 0, 0, 0, 0])
+    assert b.group.tolist() == [0, 0, 1, 1]
+    # the rollout's log-probs sit on the generated tokens' positions, NaN elsewhere
+    assert b.rollout_logprobs[0, 5].item() == -0.5 and math.isnan(b.rollout_logprobs[0, 3].item())
+
+
+def run(est: str, **kw) -> torch.Tensor:
+    _, b = literal_batch()
+    return compute_advantages(est, b.step_rewards, b.action_mask, b.group, **kw)
+
+
+def test_reinforce_baseline():
+    # q1 mean = (2.5 + 0) / 2 = 1.25 -> A: 0.5 at pos 2, 2.0 - 1.25 = 0.75 at pos 6; B: -1.25
+    # q2 mean = (1.0 - 0.9) / 2 = 0.05 -> D: 0.95, E: -0.95
+    # returns (gamma 1, generated tokens only): A = [0.5 + 0.75, 1.25, 0.75, 0.75]
+    out = run("reinforce_baseline")
+    returns = [[1.25, 1.25, 0.75, 0.75], [-1.25, -1.25, -1.25], [0.95], [-0.95, -0.95]]
+    assert close(at_actions(out.returns), returns)
+    assert close(at_actions(out.advantages), normalised(returns))  # batch-normalised over the 10 generated tokens
+
+
+def test_dr_grpo_same_baseline_no_normalisation():
+    out = run("dr_grpo")
+    assert close(at_actions(out.advantages), [[1.25, 1.25, 0.75, 0.75], [-1.25, -1.25, -1.25], [0.95], [-0.95, -0.95]])
+
+
+def test_group_norm():
+    # q1: std = sqrt(2 * 1.25^2 / 1) = 1.767767 (unbiased); scale = 0.565685
+    #     A: pos 2: 0.5 * 0.565685 = 0.282843; pos 6: (2.0 - 1.25) * 0.565685 = 0.424264
+    #     returns A = [0.707107, 0.707107, 0.424264, 0.424264]; B = -1.25 * 0.565685 = -0.707107
+    # q2: std = sqrt(2 * 0.95^2) = 1.343503 -> D: 0.707107, E: -0.707107
+    out = run("group_norm")
+    s = 0.707107
+    assert close(at_actions(out.advantages), [[s, s, 0.424264, 0.424264], [-s, -s, -s], [s], [-s, -s]])
+
+
+def test_rloo():
+    # q1 (n = 2): A's baseline is B's reward 0, B's is A's 2.5; q2: D - E = 1.9, E - D = -1.9
+    out = run("rloo")
+    assert close(at_actions(out.advantages), [[2.5, 2.5, 2.0, 2.0], [-2.5, -2.5, -2.5], [1.9], [-1.9, -1.9]])
+
+
+def test_reinforce_discounts_over_generated_tokens_only():
+    # gamma 0.5, no baseline: A pos 6: 2.0; pos 5: 0.5 * 2.0 = 1.0; the documents (3, 4) are
+    # skipped, so pos 2: 0.5 + 0.5 * 1.0 = 1.0 (not 0.5 + 0.5^3 * 1.0); pos 1: 0.5 * 1.0 = 0.5
+    # E: pos 2: -0.9, pos 1: -0.45
+    out = run("reinforce", gamma=0.5)
+    returns = [[0.5, 1.0, 1.0, 2.0], [0.0, 0.0, 0.0], [1.0], [-0.45, -0.9]]
+    assert close(at_actions(out.returns), returns)
+    assert close(at_actions(out.advantages), normalised(returns))
+
+
+def test_kl_in_reward_ignores_prompt_and_documents():
+    # dr_grpo + KL penalty 0.5 * kl on generated tokens; kl = 5 on A's documents must not count
+    _, b = literal_batch()
+    kl = torch.zeros_like(b.action_mask)
+    kl[0, [1, 2, 5, 6]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    kl[0, [0, 3, 4]] = 5.0  # prompt and documents: masked out
+    out = compute_advantages("dr_grpo", b.step_rewards, b.action_mask, b.group, kl=kl, kl_coef=0.5)
+    # A token rewards: pos1 -0.05, pos2 0.5 - 0.1 = 0.4, pos5 -0.15, pos6 0.75 - 0.2 = 0.55
+    # returns: pos6 0.55, pos5 0.40, pos2 0.80, pos1 0.75
+    assert close(at_actions(out.advantages)[0], [0.75, 0.8, 0.4, 0.55])
+    assert close(at_actions(out.advantages)[1:], [[-1.25, -1.25, -1.25], [0.95], [-0.95, -0.95]])
+    assert float(out.token_rewards[0, 3]) == 0.0 and float(out.token_rewards[0, 0]) == 0.0
+
+
+def test_gae_over_generated_tokens_only():
+    # A's values at its action positions 1,2,5,6 = 0.1,0.2,0.3,0.4 (others 0); gamma 1, lambda 0.5,
+    # rewards as placed (no shaping): 0.5 at pos 2, 2.0 at pos 6
+    #   pos6: delta = 2.0 - 0.4 = 1.6;                 A = 1.6
+    #   pos5: delta = 0 + 0.4 - 0.3 = 0.1;             A = 0.1 + 0.5 * 1.6  = 0.9
+    #   pos2: delta = 0.5 + 0.3 - 0.2 = 0.6 (V_next = pos 5's, across the documents); A = 0.6 + 0.45 = 1.05
+    #   pos1: delta = 0 + 0.2 - 0.1 = 0.1;             A = 0.1 + 0.525 = 0.625
+    # E (values 0): pos2 -0.9, pos1 0.5 * -0.9 = -0.45; D: 1.0; B: 0
+    _, b = literal_batch()
+    values = torch.zeros_like(b.action_mask)
+    values[0, [1, 2, 5, 6]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    values[0, [3, 4]] = 7.0  # document positions: ignored
+    out = compute_advantages("gae", b.step_rewards, b.action_mask, b.group, values=values, gamma=1.0, lambd=0.5)
+    raw = [[0.625, 1.05, 0.9, 1.6], [0.0, 0.0, 0.0], [1.0], [-0.45, -0.9]]
+    assert close(at_actions(out.returns)[:1], [[0.725, 1.25, 1.2, 2.0]])  # advantages + values
+    assert close(at_actions(out.advantages), normalised(raw))
+    assert float(out.returns[0, 3]) == 0.0
+
+
+def test_dynamic_filtering_and_single_sample_groups():
+    # q1: both samples score 1.0 -> filtered; q2: one kept sample after a drop -> filtered for group estimators
+    ts = [traj("q1", 0, [[3]]), traj("q1", 1, [[4]]), traj("q2", 0, [[3]]), traj("q2", 1, [[4]])]
+    rs = [RewardOutput(1.0, [1.0]), RewardOutput(1.0, [1.0]), RewardOutput(0.0, [0.0]), RewardOutput(1.0, [1.0], dropped=True)]
+    sel = select(ts, rs, grouped=True, dynamic_filtering=True)
+    assert sel.keep == [] and sel.filtered_groups == 2 and sel.dropped == 1 and sel.filtered_fraction == 1.0
+    # without groups (reinforce) and without filtering every trainable sample stays
+    sel = select(ts, rs, grouped=False, dynamic_filtering=False)
+    assert sel.keep == [0, 1, 2]
+
+
+def test_untrainable_trajectories_are_counted_not_trained():
+    t = traj("q1", 0, [[3]])
+    t.stop_reason = "retrieval_failed"
+    u = traj("q1", 1, [[3]])
+    u.metadata["exact_ids"] = False
+    sel = select([t, u, traj("q1", 2, [[4]])], [RewardOutput(0.0, [0.0])] * 3, grouped=False, dynamic_filtering=False)
+    assert sel.keep == [2] and sel.untrainable == 2
+
+
+def test_registry_names_match_openrlhf():
+    assert set(ESTIMATORS) == {"reinforce", "reinforce_baseline", "group_norm", "rloo", "dr_grpo", "gae"}
+    with pytest.raises(ValueError, match="unknown estimator"):
+        run("ppo")
