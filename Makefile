@@ -9,12 +9,13 @@ STAMP  := $(VENV)/.r3rag-installed
 TORCH  ?= torch==2.13.0
 WORK   ?= runs/quickstart
 
-.PHONY: help setup quickstart test test-fast bench clean
+.PHONY: help setup envs quickstart test test-fast bench clean
 
 help:
 	@echo "make quickstart   generate the embedded world and run the main job on it (CPU)"
 	@echo "make test         run the whole CPU test suite"
 	@echo "make setup        create .venv and install r3rag with its dev extras"
+	@echo "make envs         create the trainer environments (.venvs/llamafactory, .venvs/openrlhf)"
 	@echo "make bench        run the performance benchmarks in --quick mode"
 
 $(STAMP): pyproject.toml
@@ -28,11 +29,19 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# LLaMA-Factory and OpenRLHF pin conflicting versions: each gets its own virtual environment,
+# created (once; later calls return at once) by its own script. The core .venv needs neither.
+envs: $(STAMP)
+	bash train/envs/llamafactory.sh
+	bash train/envs/openrlhf.sh
+
 quickstart: $(STAMP)
+	bash train/envs/llamafactory.sh
 	$(PY) -m r3rag.quickstart --work $(WORK)
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# R3RAG_REQUIRE_ENVS=1: tests that need a trainer environment fail (instead of skipping) without it
+test: $(STAMP) envs
+	R3RAG_REQUIRE_ENVS=1 $(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
@@ -41,4 +50,4 @@ bench: $(STAMP)
 	for b in benchmark/perf/*.py; do $(PY) $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venvs runs .pytest_cache

@@ -10,11 +10,30 @@ log-prob request the way vLLM does, so the plugin's use of them is exercised.
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 from typing import Any, Callable
 
 from r3rag.rollout.tokens import decode, encode
+
+DOCS = "The retrieval documents:"
+
+
+def steps_script(eos: str) -> dict[str, list[str]]:
+    from rollout_helpers import QUESTIONS
+
+    q1, q2 = QUESTIONS[0].question, QUESTIONS[1].question
+    return {
+        q1: ["Step 1:\nThe problem analysis: where was he born\nThe retrieval query: Varnel Oskaro born" + eos,
+             "Step 2:\nThe problem analysis: which province\nThe retrieval query: Quessa province" + eos,
+             "Step 3:\nThe problem analysis: Quessa is in Dromel\nThe final answer: Dromel" + eos],
+        # the first turn runs past the stop string: the engine must cut it there
+        q2: ["Step 1:\nThe problem analysis: founder\nThe retrieval query: founded Melvane Works\n" + DOCS + " made up",
+             "Step 2:\nThe problem analysis: found it\nThe final answer: Tirra Olle" + eos],
+    }
 
 
 class StandinSamplingParams:
@@ -78,3 +97,50 @@ def turn_script(turns: dict[str, list[str]], marker: str) -> Callable[[str], str
         return turns[key][min(i, len(turns[key]) - 1)]
 
     return script
+
+
+class EngineBackend:
+    """The same stand-in model as our own engine's backend (``PolicyBackend`` duck type), so one
+    script drives both paths: the plugin on ``StandinEngine`` and ``RolloutEngine`` on this."""
+
+    name = "standin"
+
+    def __init__(self, engine: StandinEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+
+    async def agenerate(self, requests):
+        from r3rag.rollout.backends.vllm import completion_to_output
+
+        outs = []
+        for r in requests:
+            p = StandinSamplingParams(max_tokens=r.params.max_tokens, stop=list(r.params.stop),
+                                      include_stop_str_in_output=True, logprobs=0)
+            res = await self.engine.generate(r.prompt_ids, p)
+            outs.append(completion_to_output(res.outputs[0], self.tokenizer.eos_token_id))
+        return outs
+
+    async def aclose(self):
+        return None
+
+
+class SlowRetrieve(BaseHTTPRequestHandler):
+    """A /retrieve endpoint that answers after ``delay`` seconds with the first ``topk`` passages."""
+
+    delay = 0.6
+    corpus: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        time.sleep(self.delay)
+        result = [[{"document": {"id": p.id, "contents": p.contents}, "score": 1.0} for p in self.corpus[:body["topk"]]]
+                  for _ in body["queries"]]
+        data = json.dumps({"result": result}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass

@@ -40,7 +40,7 @@ work: {tmp_path / 'work'}
 world: {{seed: 0, size: tiny, clusters: 10, questions_per_cluster: {questions}}}
 model: {{base: {model}}}
 coldstart: {{script: {STANDINS / 'coldstart.py'}, config: null, limit: 6}}
-sft: {{script: {STANDINS / 'sft.py'}, config: null}}
+sft: {{script: {STANDINS / "sft.py"}, config: null, out_arg: output_dir}}
 rl: {{script: {STANDINS / 'rl.py'}, config: null}}
 eval:
   limit: {questions}
@@ -174,6 +174,7 @@ def test_a_stage_that_produced_nothing_usable_stops_the_pipeline(tmp_path, tiny_
     r = quickstart(preset, "--stages", "world-rl", STANDIN_BROKEN="sft")
     assert r.returncode == 3
     assert "error: a stage produced nothing usable: SFT loss did not fall (2.000 -> 2.000" in r.stderr
+    assert r.stderr.strip().endswith("(fix the cause, then rerun with --redo sft)")
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "work" / ".done" / "sft.json").exists()
     assert not (tmp_path / "work" / "rl").exists()

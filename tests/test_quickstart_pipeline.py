@@ -42,7 +42,8 @@ def _counting_stages(calls: dict[str, int], knob: dict[str, int]) -> list[Stage]
     def make(name: str):
         def run(ctx: Context) -> dict:
             calls[name] = calls.get(name, 0) + 1
-            (ctx.stage_dir(name) / "out.txt").write_text(f"{name} {knob.get(name, 0)}")
+            with (ctx.stage_dir(name) / "out.txt").open("a") as fh:  # appends: a redo must start from an empty folder
+                fh.write(f"{name} {knob.get(name, 0)}\n")
             return {"line": f"{name} ran"}
         return run
 
@@ -93,7 +94,20 @@ def test_changed_settings_refuse_the_stale_marker_and_redo_cascades(tmp_path):
     out = run_pipeline(_ctx(tmp_path), _counting_stages(calls, knob), ["a", "b", "c"], redo=["a"])
     assert [out[s]["status"] for s in "abc"] == ["ran"] * 3
     assert calls == {"a": 2, "b": 2, "c": 2}
-    assert (tmp_path / "work" / "a" / "out.txt").read_text() == "a 1"
+    assert (tmp_path / "work" / "a" / "out.txt").read_text() == "a 1\n"
+    assert (tmp_path / "work" / "c" / "out.txt").read_text() == "c 0\n"  # downstream outputs were wiped too
+
+
+def test_redoing_a_checkpoint_drops_only_its_evaluations(tmp_path):
+    from r3rag.pipeline.stages import reset_eval
+
+    ctx = _ctx(tmp_path, stages=["world", "index", "sft", "rl", "eval"], eval={"base_methods": ["rag"]})
+    for name in ("base-rag", "sft", "rl"):
+        (ctx.work / "eval" / name).mkdir(parents=True)
+    reset_eval(ctx, {"rl", "report"})
+    assert sorted(p.name for p in (ctx.work / "eval").iterdir()) == ["base-rag", "sft"]
+    reset_eval(ctx, {"index"})
+    assert list((ctx.work / "eval").iterdir()) == []
 
 
 def test_a_stage_whose_inputs_are_missing_is_one_clear_error(tmp_path):
@@ -182,22 +196,45 @@ def _wait_for(path: Path, timeout: float = 30.0) -> str:
 SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 
 
-def test_a_child_dies_when_the_pipeline_is_sigkilled(tmp_path):
-    pid_file = tmp_path / "child.pid"
+GRANDPARENT = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', {sleeper!r}, sys.argv[1]]); time.sleep(120)"
+)
+
+
+def test_a_child_and_its_own_children_die_when_the_pipeline_is_sigkilled(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    program = GRANDPARENT.format(sleeper=SLEEPER)  # like train/sft.py, which starts LLaMA-Factory
     parent_code = textwrap.dedent(f"""
         import sys
         from r3rag.pipeline.child import run_child
-        run_child([sys.executable, "-c", {SLEEPER!r}, {str(pid_file)!r}], echo=False)
+        run_child([sys.executable, "-c", {program!r}, {str(pid_file)!r}], echo=False)
     """)
     parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=REPO)
-    child = int(_wait_for(pid_file))
-    assert _alive(child)
+    grandchild = int(_wait_for(pid_file))
+    group = os.getpgid(grandchild)
+    assert _alive(grandchild) and group != os.getpgid(0)
     parent.kill()  # SIGKILL: none of the parent's own cleanup runs
     parent.wait(timeout=10)
     end = time.time() + 10
-    while _alive(child) and time.time() < end:
+    while _alive(grandchild) and time.time() < end:
         time.sleep(0.05)
-    assert not _alive(child), "the child outlived its SIGKILLed parent"
+    assert not _alive(grandchild), "the stage's program outlived its SIGKILLed pipeline"
+    assert _group_members(group) == [], "part of the stage's process group is still running"
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
 
 
 def test_a_child_is_stopped_when_the_wait_is_interrupted(tmp_path):

@@ -155,7 +155,7 @@ def test_kl_in_reward_ignores_prompt_and_documents():
     out = compute_advantages("dr_grpo", b.step_rewards, b.action_mask, b.group, kl=kl, kl_coef=0.5)
     # A token rewards: pos1 -0.05, pos2 0.5 - 0.1 = 0.4, pos5 -0.15, pos6 0.75 - 0.2 = 0.55
     # returns: pos6 0.55, pos5 0.40, pos2 0.80, pos1 0.75
-    assert close(at_actions(out.advantages)[0], [0.75, 0.8, 0.4, 0.55])
+    assert close(at_actions(out.advantages)[:1], [[0.75, 0.8, 0.4, 0.55]])
     assert close(at_actions(out.advantages)[1:], [[-1.25, -1.25, -1.25], [0.95], [-0.95, -0.95]])
     assert float(out.token_rewards[0, 3]) == 0.0 and float(out.token_rewards[0, 0]) == 0.0
 

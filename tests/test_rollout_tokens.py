@@ -92,10 +92,11 @@ def test_oracle_trajectories_smollm2_tokenizer(smollm2_tokenizer, name, mode):
 
 @pytest.mark.parametrize("name,mode", CASES)
 def test_sampled_ids_are_kept_as_sampled(name, mode):
-    """A random tiny model writes arbitrary tokens; they are stored as sampled, never re-encoded."""
+    """A random tiny model writes arbitrary tokens; they are stored as sampled, with their log-probs.
+    (It never writes a query, so no documents appear here: tests/test_rollout_contract.py covers
+    non-canonical sampled ids with two rounds of documents inserted.)"""
     tok = tiny_tokenizer()
     f = get_format(name, mode=mode, tokenizer=tok)
-    # script the first turn with a query so documents get inserted, then let the model sample
     cfg = RolloutConfig(format=name, mode=mode, max_turn_tokens=24, temperature=1.0, n_samples=2, seed=3)
     backend = HFBackend(tiny_model(), tok)
     trajs = RolloutEngine(backend, OverlapRetriever(CORPUS), cfg, fmt=f).run(QUESTIONS[:2])

@@ -138,7 +138,7 @@ def check_sft(out: Path, require_loss_drop: bool = True) -> dict[str, Any]:
 # --- RL ------------------------------------------------------------------------------------------
 
 
-def check_rl(out: Path) -> dict[str, Any]:
+def check_rl(out: Path, require_signal: bool = True) -> dict[str, Any]:
     ckpt = find_checkpoint(out)
     if ckpt is None:
         raise StageUnusable(f"RL wrote no final checkpoint (a folder with config.json and weights) under {out}")
@@ -148,13 +148,14 @@ def check_rl(out: Path) -> dict[str, Any]:
     filtered = [_first(r, FILTERED_KEYS) for r in rows]
     flat = len(rewards) > 0 and max(rewards) - min(rewards) < 1e-9  # type: ignore[type-var]
     all_filtered = bool(filtered) and all(f is not None and f >= 1.0 - 1e-9 for f in filtered)
-    if flat and all_filtered:
+    if flat and all_filtered and require_signal:
         raise StageUnusable(f"RL reward stayed at {rewards[0]:.3f} and dynamic filtering dropped every group in all "
                             f"{len(rows)} iterations: no gradient ever flowed; see {out}")
     curves = sorted(str(p) for p in out.rglob("*.png"))
     trend = f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} over {len(rewards)} iterations" if rewards else "no reward logged"
+    note = " (flat, every group filtered: no signal)" if flat and all_filtered else ""
     return {"dir": str(out), "checkpoint": str(ckpt), "rewards": [round(float(x), 4) for x in rewards],  # type: ignore[arg-type]
-            "curves": curves, "line": f"{ckpt.name}: {trend}"}
+            "curves": curves, "no_signal": flat and all_filtered, "line": f"{ckpt.name}: {trend}{note}"}
 
 
 # --- the learning claims -------------------------------------------------------------------------

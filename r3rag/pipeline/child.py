@@ -7,10 +7,13 @@ must not leave it running, holding cores and writing into the work folder:
   SIGKILL after a grace period) before the exception travels on;
 - SIGTERM to the pipeline: the pipeline turns it into an exception (see
   :mod:`r3rag.pipeline.runner`), and the case above applies;
-- SIGKILL to the pipeline (nothing of ours runs): the child is started through this module's
-  ``__main__``, which asks Linux (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) to kill it when its parent
-  dies, then ``exec``s the real program (the request survives ``exec``). On systems without
-  ``prctl`` the shim just ``exec``s.
+- SIGKILL to the pipeline (nothing of ours runs): the program is started under a small
+  supervisor, this module's ``__main__``, which leads the program's process group and asks Linux
+  (``prctl(PR_SET_PDEATHSIG, SIGUSR1)``) to signal it when the pipeline dies; it then kills the
+  whole group, so the program's own children (LLaMA-Factory under ``train/sft.py``) go too. A
+  SIGTERM to the group (the first step of the stop above) is left to the program: the supervisor
+  keeps waiting and exits with the program's status. Without ``prctl`` (not Linux) only the
+  pipeline's own cleanup applies.
 
 The child's output goes to the terminal and, line by line, to ``log_path``.
 """
@@ -35,12 +38,12 @@ class ChildFailed(R3RagError):
     """A stage's program exited with a non-zero status."""
 
 
-def _set_parent_death_signal() -> None:
+def _set_parent_death_signal(sig: int) -> None:
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the pipeline's own cleanup is all there is
         pass
 
@@ -113,16 +116,37 @@ def _stop(proc: subprocess.Popen, grace_s: float) -> None:
 
 
 def _main(argv: list[str]) -> None:
+    """Supervise ``argv``: run it in this process group; kill the group if the pipeline dies."""
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
         print("usage: python -m r3rag.pipeline.child -- PROGRAM [ARGS...]", file=sys.stderr)
         sys.exit(2)
-    _set_parent_death_signal()
+
+    def kill_group(signum: int, frame: object) -> None:
+        os.killpg(os.getpgid(0), signal.SIGKILL)  # the program, its children and this supervisor
+
+    signal.signal(signal.SIGUSR1, kill_group)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop request is the program's to honour
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _set_parent_death_signal(signal.SIGUSR1)
     parent = os.environ.get("R3RAG_PIPELINE_PARENT")
     if parent and parent.isdigit() and os.getppid() != int(parent):
         sys.exit(137)  # the pipeline died before the request took effect
-    os.execvp(argv[0], argv)
+    proc = subprocess.Popen(argv, preexec_fn=_default_signals)
+    while True:
+        try:
+            rc = proc.wait()
+            break
+        except InterruptedError:
+            continue
+    sys.exit(rc if rc >= 0 else 128 - rc)
+
+
+def _default_signals() -> None:
+    """In the program: the signals the supervisor ignores act normally again."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

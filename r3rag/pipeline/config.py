@@ -38,6 +38,7 @@ class TrainStageSection(Section):
     config: str | None = Field(None, description="the stage's own YAML config (relative to the repository root)")
     set: list[str] = Field(default_factory=list, description="extra --set overrides passed to the stage's program")
     timeout_s: float | None = Field(None, gt=0, description="give up on the stage after this many seconds")
+    out_arg: str = Field("--out", description="how the program is told its output folder: a flag, or a config key set with --set")
 
 
 class ColdstartSection(TrainStageSection):
@@ -49,14 +50,16 @@ class ColdstartSection(TrainStageSection):
 
 class SftSection(TrainStageSection):
     script: str = "train/sft.py"
+    out_arg: str = "output_dir"
     config: str | None = "configs/sft/world-smollm2-cpu.yaml"
     require_loss_drop: bool = Field(True, description="fail the stage when the training loss did not fall")
 
 
 class RlSection(TrainStageSection):
     script: str = "train/rl.py"
-    config: str | None = "configs/rl/world-smollm2-cpu.yaml"
+    config: str | None = "configs/rl/world_sft_grpo.yaml"
     monitor_split: str = Field("test", description="world split RL evaluates on while training (not eval.split)")
+    require_signal: bool = Field(True, description="fail the stage when the reward stayed flat and every group was filtered")
 
 
 class EvalSection(Section):

@@ -1,6 +1,7 @@
 """The training stages: cold start, SFT and RL, each its own program run as a child process.
 
 Each stage runs ``python SCRIPT --config CONFIG --out WORK/<stage> --set <wiring> --set <extra>``
+(``--set output_dir=WORK/sft`` for train/sft.py, whose config names its output folder)
 where the wiring points the program at this pipeline's world, retrieval service, base model and
 previous checkpoint, and ``<extra>`` is the preset's ``<stage>.set`` list. The programs resume
 on their own (kept trajectories, LLaMA-Factory's checkpoints, the RL trainer's checkpoints), so
@@ -50,7 +51,10 @@ def _program(ctx: Context, section: TrainStageSection, out: Path, wiring: list[s
         if not cfg_path.is_file():
             raise ConfigError(f"{section.config}: config file not found")
         cmd += ["--config", str(cfg_path)]
-    cmd += ["--out", str(out)]
+    if section.out_arg.startswith("-"):
+        cmd += [section.out_arg, str(out)]
+    else:
+        wiring = [f"{section.out_arg}={out}", *wiring]
     for item in [*wiring, *section.set]:
         cmd += ["--set", item]
     return cmd
@@ -72,11 +76,12 @@ def _run_stage_program(ctx: Context, name: str, section: TrainStageSection, wiri
 
 
 def run_coldstart(ctx: Context) -> dict[str, Any]:
-    from r3rag.pipeline.stages import retrieval_url
+    from r3rag.pipeline.stages import retrieval_url, world_dir
 
     cfg: QuickstartConfig = ctx.cfg
-    wiring = [*_world_wiring(ctx, "data"), "data.split=train", f"retriever.urls=[{retrieval_url(ctx)}]",
-              f"student.tokenizer={cfg.model.base}"]
+    # the teacher writes in the student's tokenizer, so the kept ids are exact for its SFT
+    wiring = [f"data.questions={world_dir(ctx) / 'train.jsonl'}", f"retriever.urls=[{retrieval_url(ctx)}]",
+              "retriever.index_dir=null", f"teacher.tokenizer={cfg.model.base}"]
     if cfg.coldstart.limit:
         wiring.append(f"data.limit={cfg.coldstart.limit}")
     out = _run_stage_program(ctx, "coldstart", cfg.coldstart, wiring)
@@ -86,7 +91,7 @@ def run_coldstart(ctx: Context) -> dict[str, Any]:
 def run_sft(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     data = ctx.work / "coldstart"
-    wiring = [f"model.path={cfg.model.base}", f"data.dir={data}"]
+    wiring = [f"model={cfg.model.base}", f"data.dataset_dir={data}"]
     out = _run_stage_program(ctx, "sft", cfg.sft, wiring)
     return checks.check_sft(out, require_loss_drop=cfg.sft.require_loss_drop)
 
@@ -101,4 +106,4 @@ def run_rl(ctx: Context) -> dict[str, Any]:
               f"retriever.urls=[{retrieval_url(ctx)}]", *_world_wiring(ctx, "eval.dataset"),
               f"eval.dataset.split={cfg.rl.monitor_split}"]
     out = _run_stage_program(ctx, "rl", cfg.rl, wiring)
-    return checks.check_rl(out)
+    return checks.check_rl(out, require_signal=cfg.rl.require_signal)

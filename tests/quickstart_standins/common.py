@@ -18,11 +18,11 @@ from pathlib import Path
 def parse() -> tuple[Path, dict[str, str]]:
     p = argparse.ArgumentParser()
     p.add_argument("--config")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out")
     p.add_argument("--set", action="append", default=[])
     a = p.parse_args()
     sets = dict(item.split("=", 1) for item in a.set)
-    out = Path(a.out)
+    out = Path(a.out or sets["output_dir"])  # train/sft.py takes its folder as a config key
     out.mkdir(parents=True, exist_ok=True)
     return out, sets
 

@@ -10,12 +10,11 @@ from common import append, broken, done_lines, parse, pause, runs_log  # noqa: E
 
 out, sets = parse()
 runs_log(out)
-data = Path(sets["data.dir"])
-kept = [json.loads(x) for x in (data / "trajectories.jsonl").read_text().splitlines() if x.strip()]
-assert kept, "no training data"
+data = Path(sets["data.dataset_dir"])
+assert json.loads((data / "summary.json").read_text())["kept"] > 0, "no training data"
 from r3rag.rollout.backends.hf import resolve_model_path  # noqa: E402
 
-src = Path(resolve_model_path(sets["model.path"]))
+src = Path(resolve_model_path(sets["model"]))
 steps = 6
 log = out / "trainer_log.jsonl"
 for step in range(len(done_lines(log)), steps):

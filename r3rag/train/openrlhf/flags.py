@@ -57,6 +57,8 @@ def parse_with_openrlhf(argv: list[str], module: str = OPENRLHF_MAIN) -> Any:
         raise FlagError(lines[-1] if lines else f"argparse exited with status {exc.code}") from None
     except AssertionError as exc:
         raise FlagError(f"OpenRLHF validation: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - its validation code failing on the flags is a rejection too
+        raise FlagError(f"OpenRLHF failed on these flags: {type(exc).__name__}: {exc}") from None
     finally:
         cfg.hierarchize, ray.is_initialized = orig_hier, orig_is_init
         sys.argv = old_argv
