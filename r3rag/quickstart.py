@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         print(c["text"])
     if cfg.report.fast_note:
         print(f"(fast preset: {report['n']} held-out questions, so the intervals are wider than the full preset's)")
+    if cfg.report.budget_min:
+        over = report["total_s"] > 60 * cfg.report.budget_min
+        print(f"stage time in all: {report['total_s'] / 60:.1f} min ({'OVER' if over else 'within'} the {cfg.preset} "
+              f"preset's budget of {cfg.report.budget_min:g} min)")
     print(f"report: {Path(cfg.work) / 'report' / 'quickstart.md'}")
     if report.get("checkpoint"):
         print(f"demo with the trained model: bash startup/startup_visualize.sh --model {report['checkpoint']}")

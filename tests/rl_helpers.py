@@ -34,7 +34,7 @@ class EvenTokenReward:
 def tiny_cfg(estimator: str, iterations: int = 6, **algo):
     from r3rag.train.rl.config import RLConfig
 
-    a = {"estimator": estimator, "lr": 2e-2, "critic_lr": 1e-2, "dynamic_filtering": False, **algo}
+    a = {"estimator": estimator, "lr": 2e-2, "critic_lr": 1e-3, "dynamic_filtering": False, **algo}
     return RLConfig.model_validate({
         "model": {"compute_dtype": "float32"},
         "rollout": {"format": "r3rag_steps", "n_samples": 4, "temperature": 1.0, "max_steps": 1,

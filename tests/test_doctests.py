@@ -7,7 +7,11 @@ import importlib
 
 import pytest
 
-MODULES = ["r3rag.config", "r3rag.metrics", "r3rag.data.hf_datasets", "r3rag.rollout.backends.shared_prefix"]
+MODULES = [
+    "r3rag.config", "r3rag.metrics", "r3rag.data.hf_datasets", "r3rag.data.readers", "r3rag.rollout.backends.shared_prefix",
+    # the format rules (moved from r3rag.rewards.format beside each format)
+    "r3rag.rollout.formats.rules", "r3rag.rollout.formats.r3rag_steps_rules", "r3rag.rollout.formats.r1searcher_tags_rules",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -73,22 +73,43 @@ def test_field_detection_and_bad_rows(tmp_path):
 
 
 # R1-Searcher's published table (ACC_R / ACC_L, notes/ANCHORS.md) and the prediction files they
-# released (data/eval_results/*.jsonl in their repository). Those files are not ours to ship;
-# point R3RAG_PUBLISHED_EVAL_RESULTS at a folder holding them to run this check.
+# released (data/eval_results/*.jsonl in their repository, MIT). They are not shipped in this
+# repository; they lie in the shared data folder beside the clone (../shared/data/r1searcher/
+# eval_results, see its README), which CI has. R3RAG_PUBLISHED_EVAL_RESULTS points elsewhere; when
+# it is set the files must be there (a missing file is a failure, not a skip).
 PUBLISHED = {
     "hotpotqa_qwen": (65.4, 75.0), "hotpotqa_llama": (64.8, 74.6),
     "bamboogle_qwen": (52.8, 54.4), "bamboogle_llama": (50.4, 54.4), "2wiki_qwen": (63.6, 65.0),
 }
+PUBLISHED_ENV = "R3RAG_PUBLISHED_EVAL_RESULTS"
+
+
+def published_results_dir():
+    import os
+    from pathlib import Path
+
+    default = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "r1searcher" / "eval_results"
+    return Path(os.environ.get(PUBLISHED_ENV) or default)
+
+
+def test_published_results_are_found_by_default(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.delenv(PUBLISHED_ENV, raising=False)
+    assert published_results_dir() == Path(__file__).resolve().parents[2] / "shared" / "data" / "r1searcher" / "eval_results"
+    monkeypatch.setenv(PUBLISHED_ENV, "/somewhere/else")
+    assert published_results_dir() == Path("/somewhere/else")
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_reproduces_r1searcher_published_table(name):
     import os
-    from pathlib import Path
 
-    folder = os.environ.get("R3RAG_PUBLISHED_EVAL_RESULTS")
-    path = Path(folder or "/nonexistent") / f"{name}.jsonl"
+    path = published_results_dir() / f"{name}.jsonl"
     if not path.is_file():
-        pytest.skip("set R3RAG_PUBLISHED_EVAL_RESULTS to a folder with R1-Searcher's data/eval_results files")
+        if os.environ.get(PUBLISHED_ENV):
+            pytest.fail(f"{PUBLISHED_ENV}={os.environ[PUBLISHED_ENV]} holds no {path.name}")
+        pytest.skip(f"{path.parent} is absent (R1-Searcher's data/eval_results; set {PUBLISHED_ENV})")
     out = score_file(path, "pred_ans", "answer", "r1searcher", judge_field="gpt4o_output")
+    assert out["n"] > 0
     assert (out["cover_em"], out["judge_acc"]) == PUBLISHED[name]

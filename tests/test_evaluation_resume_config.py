@@ -113,3 +113,14 @@ def test_cli_refusal_is_one_line(world, tmp_path, repo_root):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'run'} holds a run with rollout.temperature=0.0, not 0.7; use another --out"]
+
+
+def test_every_excluded_setting_exists():
+    """A renamed config field must not leave a stale name in the exclusions (nor slip into the key)."""
+    from r3rag.evaluation.run_key import NOT_IN_KEY, _flatten
+
+    flat = _flatten(EvaluationConfig().model_dump(mode="json"))
+    assert sorted(k for k in NOT_IN_KEY if k not in flat) == []
+    key = run_key(EvaluationConfig())
+    assert {"rollout.temperature", "model.path", "retriever.index_dir", "dataset.name", "method.name"} <= set(key)
+    assert not set(key) & NOT_IN_KEY

@@ -356,3 +356,28 @@ def test_paired_differences_match_questions_by_id_and_columns_have_units():
     assert m["format_error"]["mean"] == pytest.approx(50.0) and m["retrievals"]["ci95"] == [1.0, 1.0]
     with pytest.raises(Exception, match="share no question ids"):
         paired_differences(a, [dict(r, id="other" + r["id"]) for r in b])
+
+
+# --- the report's choices --------------------------------------------------------------------------------
+
+
+def test_a_claim_holds_only_when_the_paired_interval_is_above_zero():
+    yes = checks.claim("rl_vs_sft", "RL", "SFT", {"diff": 6.0, "ci95": [1.2, 10.5], "n": 300}, goal=5.0)
+    assert yes["holds"] is True and "RL beat SFT: yes (EM +6.0, paired 95% CI [+1.2, +10.5], n=300; goal +5 EM met)" == yes["text"]
+    unsure = checks.claim("rl_vs_sft", "RL", "SFT", {"diff": 2.0, "ci95": [-0.5, 4.5], "n": 300}, goal=5.0)
+    assert unsure["holds"] is False and "the interval includes zero" in unsure["text"] and "not met" in unsure["text"]
+    worse = checks.claim("rl_vs_sft", "RL", "SFT", {"diff": -4.0, "ci95": [-7.0, -1.0], "n": 300})
+    assert worse["holds"] is False and "it is worse" in worse["text"]
+    assert checks.claim("x", "A", "B", None)["holds"] is None
+
+
+def test_examples_prefer_questions_training_fixed_multi_hop_first():
+    from r3rag.pipeline.report import choose_examples
+
+    def row(i: int, em: float, hops: int) -> dict:
+        return {"id": f"q{i}", "index": i, "scores": {"em": em}, "metadata": {"hops": hops}}
+
+    before = [row(0, 0, 2), row(1, 1, 2), row(2, 0, 1), row(3, 0, 3), row(4, 0, 2)]
+    after = [row(0, 0, 2), row(1, 1, 2), row(2, 1, 1), row(3, 1, 3), row(4, 1, 2)]
+    picked = [b["id"] for b, _ in choose_examples(before, list(reversed(after)), 3)]
+    assert picked == ["q3", "q4", "q2"]  # fixed and multi-hop (dataset order), then fixed single-hop

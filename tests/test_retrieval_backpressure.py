@@ -238,14 +238,14 @@ def test_large_bodies_are_decoded_and_encoded_off_the_event_loop(monkeypatch):
         where["decode"].append(threading.current_thread().name)
         if slow["on"] and len(raw) > 4096:
             busy["decode"].set()
-            time.sleep(2.0)
+            time.sleep(1.5)
         return real_decode(raw)
 
     def slow_encode(d, req, results):
         where["encode"].append(threading.current_thread().name)
         if slow["on"]:
             busy["encode"].set()
-            time.sleep(2.0)
+            time.sleep(1.5)
         return real_encode(d, req, results)
 
     monkeypatch.setattr(service, "decode_body", slow_decode)

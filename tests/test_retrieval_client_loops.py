@@ -9,7 +9,6 @@ import threading
 import time
 import warnings
 from email.utils import formatdate
-from pathlib import Path
 
 import httpx
 import pytest

@@ -9,6 +9,9 @@ time into prefill (tokens, ms/token), decode (steps, rows per step, ms/step), th
 Python work between forward passes, retrieval and the engine's bookkeeping
 (:class:`r3rag.evaluation.profile.ForwardTimer` + the engine's counters).
 
+Wall times depend on what else runs on the cores; the process CPU time (all threads) is reported
+beside them as the measure of the work itself, with the 1-minute load average.
+
 The policy:
 
 - ``--model PATH`` of a trained checkpoint: the real thing;
@@ -110,17 +113,18 @@ def main() -> int:
                 retriever = RetrievalClient([handle.url])
                 engine = RolloutEngine(backend, retriever, rollout, fmt=fmt)
                 trajs = []
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 with ForwardTimer(model) as timer:
                     for i in range(0, len(questions), batch):
                         trajs += asyncio.run(engine.arun(questions[i:i + batch], n_samples=1))
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 asyncio.run(retriever.aclose())
                 st, fw = engine.stats.to_dict(), timer.summary()
                 n = len(trajs)
                 row = {
                     "dtype": dtype, "batch": batch, "questions": n, "wall_s": round(wall, 2), "s_per_q": round(wall / n, 3),
-                    "projected_300_s": round(300 * wall / n, 1),
+                    "projected_300_s": round(300 * wall / n, 1), "cpu_s": round(cpu, 2), "cpu_s_per_q": round(cpu / n, 3),
+                    "load_avg_1min": os.getloadavg()[0],
                     "retrievals_per_q": round(sum(t.num_retrievals for t in trajs) / n, 2),
                     "generated_tokens_per_q": round(sum(t.num_generated_tokens for t in trajs) / n, 1),
                     "rounds": st["rounds"], "generate_s": round(st["generate_s"], 2), "retrieve_s": round(st["retrieve_s"], 2),
@@ -130,7 +134,8 @@ def main() -> int:
                 if policy == "forced-oracle":  # the teacher's own time (a real student has none of it)
                     row["note"] = "generate_s includes the oracle teacher's text work"
                 results.append(row)
-                print(f"{dtype:>8} batch {batch:>3}: {n} q in {wall:.1f} s = {wall / n:.2f} s/q "
+                print(f"{dtype:>8} batch {batch:>3}: {n} q in {wall:.1f} s = {wall / n:.2f} s/q, CPU {cpu / n:.2f} s/q "
+                      f"(load {os.getloadavg()[0]:.1f}) "
                       f"(300 q: {300 * wall / n / 60:.1f} min) | prefill {fw['prefill_s']:.1f} s "
                       f"({fw['prefill_tokens']} tok, {fw['prefill_ms_per_token']} ms/tok) | decode {fw['decode_s']:.1f} s "
                       f"({fw['decode_steps']} steps x {fw['decode_rows_mean']} rows, {fw['decode_ms_per_step']} ms/step) | "

@@ -5,6 +5,7 @@
 - :mod:`~r3rag.evaluation.methods`     the method registry: direct, rag, ircot, oracle and every trajectory format (r3rag_steps, r1searcher_tags)
 - :mod:`~r3rag.evaluation.baselines`   the prompted baselines' loop (direct, standard RAG, IRCoT)
 - :mod:`~r3rag.evaluation.runner`      resumable, sharded runs: ``run_evaluation(cfg, out_dir)``
+- :mod:`~r3rag.evaluation.run_key`     the settings a run folder resumes on (a changed one is refused)
 - :mod:`~r3rag.evaluation.predictions` the fsync'ed predictions JSONL and its crash repair
 - :mod:`~r3rag.evaluation.aggregate`   EM/F1/cover-EM/acc, judge, cut-at-k, breakdowns, bootstrap CIs
 - :mod:`~r3rag.evaluation.report`      report.md, results.csv, PNG plots

@@ -37,6 +37,7 @@ class ForwardCall:
     rows: int
     new_tokens: int  # rows x new positions
     seconds: float
+    cpu_seconds: float = 0.0  # process CPU time (all threads): the work, whatever else shares the cores
 
 
 @dataclass
@@ -50,9 +51,10 @@ class ForwardTimer:
         def timed(*args: Any, **kwargs: Any) -> Any:
             ids = kwargs.get("input_ids", args[0] if args else None)
             rows, width = (int(ids.shape[0]), int(ids.shape[1])) if ids is not None and ids.dim() == 2 else (0, 0)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = inner(*args, **kwargs)
-            self.calls.append(ForwardCall("decode" if width == 1 else "prefill", rows, rows * width, time.perf_counter() - t))
+            self.calls.append(ForwardCall("decode" if width == 1 else "prefill", rows, rows * width,
+                                          time.perf_counter() - t, time.process_time() - c))
             return out
 
         self._own = self.model.__dict__.get("forward")  # an instance-level forward (hooks) to put back
@@ -69,6 +71,7 @@ class ForwardTimer:
         pre = [c for c in self.calls if c.kind == "prefill"]
         dec = [c for c in self.calls if c.kind == "decode"]
         pre_s, dec_s = sum(c.seconds for c in pre), sum(c.seconds for c in dec)
+        pre_cpu, dec_cpu = sum(c.cpu_seconds for c in pre), sum(c.cpu_seconds for c in dec)
         pre_tok = sum(c.new_tokens for c in pre)
         dec_tok = sum(c.new_tokens for c in dec)
         return {
@@ -78,4 +81,5 @@ class ForwardTimer:
             "decode_rows_mean": round(dec_tok / len(dec), 2) if dec else 0.0,
             "decode_ms_per_step": round(1000 * dec_s / len(dec), 2) if dec else None,
             "forward_s": round(pre_s + dec_s, 3),
+            "prefill_cpu_s": round(pre_cpu, 3), "decode_cpu_s": round(dec_cpu, 3),
         }

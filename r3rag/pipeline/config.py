@@ -87,6 +87,7 @@ class ReportSection(Section):
     examples: int = Field(2, ge=0, description="questions shown before and after training")
     fast_note: bool = Field(False, description="say that the intervals are wider (the --fast preset)")
     require_claims: bool = Field(False, description="exit non-zero when SFT>base or RL>SFT is not shown")
+    budget_min: float | None = Field(None, gt=0, description="the preset's time budget after setup (the report compares)")
 
 
 class QuickstartConfig(Section):

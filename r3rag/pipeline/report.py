@@ -220,8 +220,12 @@ def write_report(ctx: Context) -> dict[str, Any]:
     if claims:
         md += ["## Learning claims", "", *[f"- {c['text']}" for c in claims], ""]
     if times:
+        total = sum(t for _, t in times)
+        budget = cfg.report.budget_min
+        verdict = "" if budget is None else (f" (budget {budget:g} min: " + ("within" if total <= 60 * budget else "OVER") + ")")
         md += ["## Time per stage", "", "| stage | time |", "|---|---|", *[f"| {s} | {_fmt_time(t)} |" for s, t in times],
-               f"| total | {_fmt_time(sum(t for _, t in times))} |", ""]
+               f"| total | {_fmt_time(total)}{verdict} |", "",
+               "Times are those of the run that finished each stage (a resumed stage counts its last part only).", ""]
     if curves:
         md += ["## RL curves", "", *[f"![RL curves]({c})" for c in curves], ""]
     if example_lines:
@@ -241,5 +245,6 @@ def write_report(ctx: Context) -> dict[str, Any]:
             w.writerows(csv_rows)
     atomic_write_json(out / "paired.json", paired)
     atomic_write_json(out / "claims.json", claims)
-    return {"table": table, "diff_table": diff_table, "claims": claims, "paired": paired, "others": other_lines,
+    total_s = sum(t for _, t in times)
+    return {"table": table, "diff_table": diff_table, "total_s": total_s, "claims": claims, "paired": paired, "others": other_lines,
             "times": times, "markdown": text, "n": n_eval, "checkpoint": runs[after]["model"] if after else None}

@@ -118,7 +118,7 @@ def eval_runs(ctx: Context) -> list[dict[str, Any]]:
     runs = []
     for m in [*cfg.eval.base_methods, *[x for x in cfg.eval.extra_methods if x not in cfg.eval.base_methods]]:
         role = "base" if m in cfg.eval.base_methods else "extra"
-        runs.append({"name": f"base-{m}", "role": role, "method": m, "model": cfg.model.base,
+        runs.append({"name": f"base-{m}" if role == "base" else m, "role": role, "method": m, "model": cfg.model.base,
                      "overrides": [f"rollout.prompt_variant={cfg.eval.base_prompt_variant}"]})
     for stage in trained_models(cfg):
         runs.append({"name": stage, "role": stage, "method": cfg.eval.trained_method, "model": None,

@@ -5,6 +5,13 @@ it, constructing a backend does. Every request becomes a ``TokensPrompt`` with i
 ``SamplingParams`` (temperature, top-p, seed, stop strings with ``include_stop_str_in_output``,
 ``max_tokens``, ``logprobs=0`` for the sampled token's log-prob), so ids are exactly the sampled
 ones.
+
+Weight updates (the trainer's hook, :meth:`PolicyBackend.update_weights`): the new tensors are
+handed to every vLLM worker with ``collective_rpc``, where the model's own ``load_weights`` takes
+``(name, tensor)`` pairs in the Hugging Face naming (it fuses q/k/v and gate/up itself), then the
+prefix cache, computed with the old weights, is reset. ``state_dict=None`` is refused: vLLM's
+model lives in its own worker, never in the trainer's model object. The import stand-in of
+train/envs/standins/ (OpenRLHF's CPU environment) does not count as vLLM.
 """
 
 from __future__ import annotations
@@ -75,6 +82,30 @@ def completion_to_output(completion: Any, eos_id: int | None) -> GenerationOutpu
 _convert = completion_to_output  # the older private name
 
 
+def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> int:
+    """Runs inside each vLLM worker (``collective_rpc``): load HF-named tensors into its model.
+
+    vLLM >= 0.32 reloads in place (``model_runner.reload_weights``), which also redoes the
+    post-load processing: on CPUs vLLM repacks every linear weight for its GEMM kernels and drops
+    the original, so a plain ``model.load_weights`` (what OpenRLHF's worker extension calls on
+    GPUs) has nothing to load into there. Older vLLM: ``model.load_weights``."""
+    runner = worker.model_runner
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    else:
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        model.load_weights(weights=weights)
+    return len(weights)
+
+
+def _weights(state_dict: Any) -> list[tuple[str, Any]]:
+    if state_dict is None:
+        from r3rag.rollout.backends.base import WeightUpdateError
+
+        raise WeightUpdateError("vLLM keeps its own copy of the model: pass the new state_dict to update_weights")
+    return [(k, v.detach().cpu()) for k, v in dict(state_dict).items()]
+
+
 class VLLMBackend(PolicyBackend):
     """Offline engine: one ``LLM.generate`` call per round (vLLM batches it)."""
 
@@ -97,6 +128,14 @@ class VLLMBackend(PolicyBackend):
         results = self.llm.generate(prompts, params, use_tqdm=False)
         eos = self.tokenizer.eos_token_id
         return [completion_to_output(res.outputs[0], eos) for res in results]
+
+    def clear_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def update_weights(self, state_dict: Any = None) -> None:
+        """Load ``state_dict`` (HF parameter names) into every worker, then drop the prefix cache."""
+        self.llm.collective_rpc(_load_weights, args=(_weights(state_dict),))
+        self.clear_cache()
 
 
 class AsyncVLLMBackend(PolicyBackend):
@@ -131,3 +170,21 @@ class AsyncVLLMBackend(PolicyBackend):
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def aclear_cache(self) -> None:
+        await self.engine.reset_prefix_cache()
+
+    async def aupdate_weights(self, state_dict: Any = None) -> None:
+        """Load ``state_dict`` into the engine's workers, then drop the prefix cache."""
+        await self.engine.collective_rpc(_load_weights, args=(_weights(state_dict),))
+        await self.aclear_cache()
+
+    def update_weights(self, state_dict: Any = None) -> None:
+        """Synchronous form, for callers outside the engine's event loop (use
+        :meth:`aupdate_weights` inside it)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self.aupdate_weights(state_dict))
+            return
+        raise RuntimeError("update_weights called on a running event loop: await aupdate_weights(...)")

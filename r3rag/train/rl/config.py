@@ -28,6 +28,7 @@ class PolicyModelConfig(Section):
         "auto: bfloat16 on CUDA and on CPUs with AVX-512 bf16 (measured faster there), else float32")
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass of the rollout backend")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, about 30% more compute)")
 
 
 class RewardSection(Section):
@@ -60,7 +61,7 @@ class AlgoConfig(Section):
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_iters: int = Field(0, ge=0)
     epochs_per_batch: int = Field(1, ge=1, description="passes over one rollout batch (PPO epochs)")
-    micro_batch_tokens: int = Field(8192, ge=64, description="padded tokens per forward/backward; gradients accumulate")
+    micro_batch_tokens: int = Field(2048, ge=64, description="padded tokens per forward/backward; gradients accumulate")
 
 
 class TrainSection(Section):

@@ -396,6 +396,8 @@ class RLTrainer:
             if self.critic_optimizer is not None:
                 self.critic_optimizer.zero_grad(set_to_none=True)
             m.policy.train()
+            if cfg.model.gradient_checkpointing:
+                m.policy.gradient_checkpointing_enable()
             for idx in mbs:
                 mb = self._to(batch.rows(idx))
                 w = mb.action_mask.shape[1]
@@ -430,6 +432,9 @@ class RLTrainer:
             if self.critic_optimizer is not None:
                 torch.nn.utils.clip_grad_norm_(m.critic.parameters(), a.max_grad_norm)
                 self.critic_optimizer.step()
+        if cfg.model.gradient_checkpointing:
+            m.policy.gradient_checkpointing_disable()
+        m.policy.config.use_cache = True
         m.policy.eval()
         times["time/update"] = time.perf_counter() - t1
         E = a.epochs_per_batch
@@ -445,6 +450,24 @@ class RLTrainer:
         out["batch/padded_tokens"] = float(sum(len(i) * max(batch.lengths[j] for j in i) for i in mbs))
         out["batch/micro_batches"] = len(mbs)
         return out
+
+
+def _carry_last_eval(prev_dir: Path, stage_dir: Path, cfg: RLConfig) -> None:
+    """The previous stage's last evaluation is this stage's "before" (same model, same held-out
+    questions when the eval section is unchanged): copied, not recomputed."""
+    import shutil
+
+    from r3rag.config import read_yaml
+
+    prev_cfg = prev_dir / "config.yaml"
+    evals = sorted((prev_dir / "eval").glob("step_*.jsonl")) if (prev_dir / "eval").is_dir() else []
+    target = ev.eval_path(stage_dir, 0)
+    if not evals or target.exists() or not prev_cfg.is_file():
+        return
+    if read_yaml(prev_cfg).get("eval") != cfg.eval.model_dump(mode="json"):
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(evals[-1], target)
 
 
 # ---- schedules: one run, or stages each starting from the previous one's final model ----------------
@@ -470,6 +493,7 @@ def run_schedule(config_path: str | Path | None, overrides: Sequence[str], out_d
         if previous is not None:
             inj.pop("model", None)
             inj.pop("tokenizer", None)
+            _carry_last_eval(previous.parent, out / stage.name, cfg)
         previous = RLTrainer(cfg, out / stage.name, **inj).run()
     assert previous is not None
     return previous
