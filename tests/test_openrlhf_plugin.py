@@ -137,7 +137,7 @@ def test_r1searcher_raw_tags_stop_at_end_of_query(tok):
 
 @pytest.fixture()
 def slow_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Slow", (SlowRetrieve,), {"corpus": CORPUS}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Slow", (SlowRetrieve,), {"corpus": CORPUS, "delay": 1.0}))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -168,24 +168,24 @@ async def _with_ticker(coro, period: float = 0.02):
 
 
 def test_event_loop_keeps_ticking_during_retrieval(tok, slow_server):
-    """Retrieval over HTTP (0.6 s per query, two queries) never blocks the engine's event loop."""
+    """Retrieval over HTTP (1 s per query, two queries) never blocks the engine's event loop."""
     agent = AgentRollout(config(), retriever=LocalFirstClient([slow_server], retries=0))
     engine = StandinEngine(tok, turn_script(steps_script(tok.eos_token), DOCS), delay=0.005)
     row = prompt_row(QUESTIONS[0])
     coro = agent.execute(row["question"], row["label"], StandinSamplingParams(), 2048, tok, engine)
     (out, ticks, gap) = asyncio.run(_with_ticker(coro))
     assert out["extra_logs"]["r3rag/retrievals"] == 2.0 and not out["r3rag_dropped"]
-    assert ticks >= 30 and gap < 0.3, (ticks, gap)
+    assert ticks >= 30 and gap < 0.5, (ticks, gap)
 
     class Blocking:  # the control: a retriever that blocks the loop is caught by the same probe
         async def asearch(self, queries, k):
-            time.sleep(0.6)
+            time.sleep(1.0)
             return OverlapRetriever(CORPUS).search(queries, k)
 
     blocked = AgentRollout(config(), retriever=Blocking())
     coro = blocked.execute(row["question"], row["label"], StandinSamplingParams(), 2048, tok, engine)
     _, _, gap = asyncio.run(_with_ticker(coro))
-    assert gap >= 0.5
+    assert gap >= 0.9
 
 
 def test_reward_scoring_runs_off_the_event_loop(tok):
@@ -196,7 +196,7 @@ def test_reward_scoring_runs_off_the_event_loop(tok):
         config = real.config
 
         def score(self, trajs):
-            time.sleep(0.5)
+            time.sleep(1.0)
             return real.score(trajs)
 
     agent = AgentRollout(config(), retriever=OverlapRetriever(CORPUS), scorer=SlowScorer())
@@ -204,7 +204,7 @@ def test_reward_scoring_runs_off_the_event_loop(tok):
     row = prompt_row(QUESTIONS[1])
     coro = agent.execute(row["question"], row["label"], StandinSamplingParams(), 2048, tok, engine)
     out, ticks, gap = asyncio.run(_with_ticker(coro))
-    assert out["reward"] > 0 and ticks >= 20 and gap < 0.3, (ticks, gap)
+    assert out["reward"] > 0 and ticks >= 20 and gap < 0.5, (ticks, gap)
 
 
 def test_retrieval_outage_drops_the_sample(tok):

@@ -74,7 +74,6 @@ def _flood() -> None:
                          max_batch_queries=4, batch_window_ms=1.0) as server:
         batcher = server.runtime.batchers["slow"]
         done = threading.Event()
-
         first_wave: dict[str, int] = {}
 
         def open_gate() -> None:  # once the first wave has been split into 32 admitted + 32 shed
@@ -99,6 +98,7 @@ def _flood() -> None:
 
         clients = [RetrievalClient(server.url, retries=40, backoff=0.05, max_backoff=2.0, timeout=60.0, seed=i)
                    for i in range(N_CLIENTS)]
+
         async def flood() -> list[list[str]]:
             async def user(i: int) -> list[str]:
                 got = []

@@ -9,7 +9,7 @@ from common import append, broken, done_lines, parse, pause, runs_log  # noqa: E
 
 out, sets = parse()
 runs_log(out)
-questions = [json.loads(x) for x in (Path(sets["data.world_dir"]) / "train.jsonl").read_text().splitlines() if x.strip()]
+questions = [json.loads(x) for x in Path(sets["data.questions"]).read_text().splitlines() if x.strip()]
 questions = questions[: int(sets.get("data.limit", len(questions)))]
 assert sets["retriever.urls"].startswith("[http://127.0.0.1:"), sets["retriever.urls"]
 path = out / "trajectories.jsonl"

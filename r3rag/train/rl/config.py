@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from r3rag.config import Section
+from r3rag.errors import ConfigError
 from r3rag.evaluation.config import DatasetConfig, RetrieverConfig
 from r3rag.rollout.config import RolloutConfig
 
@@ -60,6 +61,15 @@ class AlgoConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0.0)
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_iters: int = Field(0, ge=0)
+    @field_validator("estimator")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from r3rag.train.rl.estimators import ESTIMATORS
+
+        if name not in ESTIMATORS:
+            raise ValueError(f"unknown estimator; choose one of {', '.join(ESTIMATORS)}")
+        return name
+
     epochs_per_batch: int = Field(1, ge=1, description="passes over one rollout batch (PPO epochs)")
     micro_batch_tokens: int = Field(2048, ge=64, description="padded tokens per forward/backward; gradients accumulate")
 
@@ -101,15 +111,13 @@ class RLConfig(Section):
     eval: EvalSection = EvalSection()
     stages: list[StageConfig] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _check(self) -> "RLConfig":
-        from r3rag.train.rl.estimators import ESTIMATORS, GROUP_ESTIMATORS
+    def check(self) -> "RLConfig":
+        """Settings that depend on each other (one-line :class:`ConfigError`)."""
+        from r3rag.train.rl.estimators import GROUP_ESTIMATORS
 
-        if self.algo.estimator not in ESTIMATORS:
-            raise ValueError(f"algo.estimator {self.algo.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
         if self.algo.estimator in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
-            raise ValueError(f"algo.estimator {self.algo.estimator} needs rollout.n_samples >= 2")
+            raise ConfigError(f"algo.estimator {self.algo.estimator} compares samples of one question: set rollout.n_samples >= 2")
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
-            raise ValueError("stages: names must be unique")
+            raise ConfigError(f"stages: names must be unique, got {names}")
         return self

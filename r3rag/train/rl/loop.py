@@ -479,7 +479,7 @@ def run_schedule(config_path: str | Path | None, overrides: Sequence[str], out_d
     so rerunning a killed schedule resumes where it stopped."""
     from r3rag.config import load_config
 
-    base = load_config(RLConfig, config_path, overrides)
+    base = load_config(RLConfig, config_path, overrides).check()
     out = Path(out_dir)
     if not base.stages:
         return RLTrainer(base, out, **inject).run()
@@ -488,7 +488,7 @@ def run_schedule(config_path: str | Path | None, overrides: Sequence[str], out_d
         extra = list(stage.set) + list(overrides)
         if previous is not None:
             extra.append(f"model.path={previous}")
-        cfg = load_config(RLConfig, config_path, extra)
+        cfg = load_config(RLConfig, config_path, extra).check()
         inj = dict(inject)
         if previous is not None:
             inj.pop("model", None)

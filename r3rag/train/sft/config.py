@@ -42,6 +42,7 @@ class TrainSection(Section):
     logging_steps: int = 10
     seed: int = 42
     use_cpu: bool = False
+    max_minutes: float | None = Field(None, gt=0, description="stop cleanly (model saved) after this much training time")
 
 
 class LaunchSection(Section):
@@ -120,5 +121,7 @@ def llamafactory_args(cfg: SFTConfig, model_path: str) -> dict[str, Any]:
         args["gradient_checkpointing"] = True
     if t.use_cpu:
         args["use_cpu"] = True
+    if t.max_minutes:
+        args["r3rag_max_minutes"] = t.max_minutes
     args.update(cfg.extra)
     return args

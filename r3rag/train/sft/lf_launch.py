@@ -5,7 +5,8 @@
 
 ``TRAIN.yaml`` is the LLaMA-Factory YAML that ``train/sft.py`` writes. When its ``template`` is
 ``r3rag``, the template is derived from ``model_name_or_path``'s tokenizer (observation role from
-``R3RAG_OBSERVATION_ROLE``, default ``tool``) and registered before LLaMA-Factory's ``run_exp``.
+``R3RAG_OBSERVATION_ROLE``, default ``tool``) and registered before LLaMA-Factory's ``run_exp``. ``r3rag_max_minutes`` (our key,
+removed before LLaMA-Factory sees the YAML) stops training cleanly after that much wall time.
 """
 
 from __future__ import annotations
@@ -27,10 +28,33 @@ def main(argv: list[str] | None = None) -> int:
         from r3rag.train.sft.lf_template import register_r3rag_template
 
         register_r3rag_template(args["model_name_or_path"], observation_role=os.environ.get("R3RAG_OBSERVATION_ROLE", "tool"))
+    callbacks = []
+    budget = args.pop("r3rag_max_minutes", None)
+    if budget:
+        callbacks.append(time_budget_callback(float(budget) * 60.0))
     from llamafactory.train.tuner import run_exp
 
-    run_exp(args)
+    run_exp(args, callbacks=callbacks)
     return 0
+
+
+def time_budget_callback(seconds: float):  # type: ignore[no-untyped-def]
+    """Stop training cleanly (final save included) once ``seconds`` of training have passed."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self.t0 = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            if time.monotonic() - self.t0 >= seconds:
+                control.should_training_stop = True
+                control.should_save = True
+            return control
+
+    return TimeBudget()
 
 
 if __name__ == "__main__":
