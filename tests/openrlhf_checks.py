@@ -40,7 +40,25 @@ def flags(path: str) -> dict:
             out[name] = {"ok": True, **{k: _plain(get(args, k)) for k in keys}}
         except FlagError as err:
             out[name] = {"ok": False, "error": str(err)}
+    out["_launcher_help"] = launcher_help()
     return out
+
+
+def launcher_help() -> dict:
+    """``python -m r3rag.train.openrlhf.launch --help`` reaches OpenRLHF's own parser (and installs the hook)."""
+    import contextlib
+    import io
+
+    from r3rag.train.openrlhf import launch, per_step
+
+    buf = io.StringIO()
+    code = None
+    with contextlib.redirect_stdout(buf):
+        try:
+            launch.main(["--help"])
+        except SystemExit as exc:
+            code = exc.code
+    return {"exit": code, "has_agent_flag": "--train.agent_func_path" in buf.getvalue(), "hook": per_step.installed()}
 
 
 def _plain(v):

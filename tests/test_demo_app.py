@@ -229,7 +229,7 @@ def test_model_failure_is_a_message(tmp_path, tokenizer):
     status, card_html, _, _ = run_answer(app, "Who founded Melvane Works?")[-1]
     text = html.unescape(status)
     assert "Model failed" in text and "model server refused the connection (test)" in text
-    assert "Traceback" not in text and 'data-stop="format_error"' in card_html
+    assert "Traceback" not in text and 'data-stop="backend_error"' in card_html
 
 
 def test_model_server_down_is_caught_by_its_health_check(tmp_path, tokenizer):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,38 @@ def test_scripts_are_valid_bash():
 
 
 def test_every_flag_is_accepted_by_openrlhf(parsed):
-    bad = {k: v["error"] for k, v in parsed.items() if not v["ok"] and not k.startswith("control/")}
+    runs_ = {k: v for k, v in parsed.items() if not k.startswith(("control/", "_"))}
+    bad = {k: v["error"] for k, v in runs_.items() if not v["ok"]}
     assert not bad
-    assert len([k for k in parsed if not k.startswith("control/")]) == 12  # 2 PPO + 2x2 R1 runs, 1 and 2 nodes
+    assert len(runs_) == 12  # 2 PPO + 2x2 R1 runs, 1 and 2 nodes
     assert parsed["control/renamed"]["ok"] is False and "--actor.learning_rate" in parsed["control/renamed"]["error"]
+
+
+def test_launcher_runs_openrlhfs_own_main(parsed):
+    """The scripts' entry point (python -m r3rag.train.openrlhf.launch) is OpenRLHF's main with the hook."""
+    assert parsed["_launcher_help"] == {"exit": 0, "has_agent_flag": True, "hook": True}
+
+
+def test_prompts_file_for_openrlhf(tmp_path):
+    src = tmp_path / "r1.jsonl"
+    src.write_text('{"idx": 3, "question": "Who wrote it?", "answer": "Ann", "pred_anses": ["x"]}\n'
+                   '{"id": "w1", "question": "Where?", "golden_answers": ["Quessa"], "metadata": {"supporting_ids": ["p2"]}}\n')
+    out = tmp_path / "prompts.jsonl"
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "openrlhf_prompts.py"), "--dataset", str(src), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["question"] for r in rows] == ["Who wrote it?", "Where?"]
+    labels = [json.loads(r["label"]) for r in rows]
+    assert labels[0] == {"id": "3", "golden_answers": ["Ann"], "metadata": {}}
+    assert labels[1]["metadata"] == {"supporting_ids": ["p2"]}
+    from r3rag.train.openrlhf.rollout import parse_label
+
+    q = parse_label(rows[1]["question"], rows[1]["label"])
+    assert (q.id, q.golden_answers, q.metadata["supporting_ids"]) == ("w1", ["Quessa"], ["p2"])
+    bad = subprocess.run([sys.executable, str(SCRIPTS / "openrlhf_prompts.py"), "--dataset", str(tmp_path / "nope.jsonl"),
+                          "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_r3rag_ppo_hyper_parameters(parsed, runs):

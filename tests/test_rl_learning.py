@@ -45,3 +45,15 @@ def test_kl_to_reference_as_loss_and_in_reward(tmp_path):
         assert kls[0] == pytest.approx(0.0, abs=1e-6) and kls[-1] > 1e-4
         assert trainer.models.reference is not None
         assert ("loss/kl" in recs[-1]) == use_loss
+
+
+@pytest.mark.gpu
+def test_same_code_on_cuda(tmp_path):
+    cfg = tiny_cfg("group_norm", iterations=3)
+    cfg.model.device = "cuda"
+    cfg.model.compute_dtype = "auto"  # bfloat16 on CUDA
+    trainer = tiny_trainer(cfg, tmp_path)
+    trainer.run()
+    assert next(trainer.models.policy.parameters()).is_cuda
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3]

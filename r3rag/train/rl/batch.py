@@ -28,47 +28,25 @@ from typing import Any, Sequence
 import torch
 
 from r3rag.rewards.types import RewardOutput
-from r3rag.rollout.trajectory import Trajectory
+from r3rag.rollout.trajectory import StepSpan, Trajectory
 
-#: stop reasons that are the infrastructure's fault, not the policy's (never trained on)
-INFRA_STOPS = ("backend_error", "retrieval_failed")
-
-
-@dataclass(frozen=True)
-class Span:
-    step: int
-    start: int
-    end: int
+def step_spans(traj: Trajectory) -> list[StepSpan] | None:
+    """The rollout's step -> token-span map, or None when a step has no generated tokens (such a
+    trajectory cannot carry per-step rewards and is not trained on)."""
+    try:
+        return traj.step_spans
+    except ValueError:
+        return None
 
 
-def step_spans(traj: Trajectory) -> list[Span]:
-    """``[start, end)`` of each step's model segment in ``traj.token_ids`` (the rollout's
-    ``Trajectory.step_spans`` when it has them; otherwise the i-th model segment is step i's)."""
-    spans = getattr(traj, "step_spans", None)
-    if spans is not None:
-        return [Span(int(s.step), int(s.start), int(s.end)) for s in spans]
-    out: list[Span] = []
-    pos = 0
-    for seg in traj.segments:
-        n = len(seg.token_ids)
-        if seg.role == "model":
-            out.append(Span(len(out), pos, pos + n))
-        pos += n
-    return out
-
-
-def is_trainable(traj: Trajectory) -> bool:
-    """Exact ids, and not stopped by an infrastructure failure."""
-    flag = getattr(traj, "trainable", None)
-    if isinstance(flag, bool):
-        return flag
-    if traj.metadata.get("exact_ids") is False or traj.stop_reason in INFRA_STOPS:
-        return False
-    return not any((s.format_error or "").startswith("backend_error") for s in traj.steps)
-
-
-def loss_mask(traj: Trajectory) -> list[int]:
-    return [1 if s.role == "model" else 0 for s in traj.segments for _ in s.token_ids]
+def _why_untrainable(traj: Trajectory) -> str | None:
+    if not traj.trainable:
+        return traj.stop_reason if traj.infra_failed else "inexact_ids"
+    if not any(traj.loss_mask):
+        return "no_generated_tokens"
+    if step_spans(traj) is None:
+        return "step_without_tokens"
+    return None
 
 
 @dataclass
@@ -106,9 +84,8 @@ def select(
         if r.dropped:
             sel.dropped += 1
             sel.reasons["dropped"] = sel.reasons.get("dropped", 0) + 1
-        elif not is_trainable(t) or not any(loss_mask(t)):
+        elif (why := _why_untrainable(t)) is not None:
             sel.untrainable += 1
-            why = t.stop_reason or "empty"
             sel.reasons[why] = sel.reasons.get(why, 0) + 1
         else:
             ok.append(i)
@@ -164,24 +141,17 @@ class RolloutBatch:
 
 
 def place_step_rewards(traj: Trajectory, per_step: Sequence[float]) -> dict[int, float]:
-    """``{token index in traj.token_ids: reward}``: step i's reward on its span's last token.
-
-    A step without generated tokens (an empty turn) hands its reward to the last generated token
-    before it, or, if none, to the first step that has tokens. Rewards landing on the same token add.
-    """
-    spans = {s.step: s for s in step_spans(traj) if s.end > s.start}
+    """``{token index in traj.token_ids: reward}``: step i's reward on its span's last token
+    (``span.end - 1``). A recipe with more rewards than steps (a trajectory with no steps scores one
+    entry) puts the extras on the last step's last token; rewards landing on one token add."""
+    spans = step_spans(traj) or []
     if not spans:
         return {}
-    ordered = sorted(spans.values(), key=lambda s: s.end)
     out: dict[int, float] = {}
     for i, r in enumerate(per_step):
-        if r == 0.0:
-            continue
-        span = spans.get(i)
-        if span is None:
-            before = [s for s in ordered if s.step < i]
-            span = before[-1] if before else ordered[0]
-        out[span.end - 1] = out.get(span.end - 1, 0.0) + float(r)
+        if r != 0.0:
+            tok = spans[min(i, len(spans) - 1)].end - 1
+            out[tok] = out.get(tok, 0.0) + float(r)
     return out
 
 
@@ -209,7 +179,7 @@ def build_batch(
         n = len(ids)
         input_ids[b, :n] = torch.tensor(ids, dtype=torch.long)
         attn[b, :n] = 1
-        mask = torch.tensor(loss_mask(t), dtype=torch.float32)
+        mask = torch.tensor(t.loss_mask, dtype=torch.float32)
         action[b, : n - 1] = mask[1:]
         pos = 0
         for seg in t.segments:

@@ -142,6 +142,7 @@ class RLTrainer:
         self.device = torch.device(cfg.model.device)
         self.dtype = resolve_compute_dtype(cfg.model.compute_dtype, cfg.model.device)
         self._questions, self._eval_questions, self._retriever = questions, eval_questions, retriever
+        self.last_checkpoint_s: float | None = None
         self._model, self._tokenizer, self._reward_fn = model, tokenizer, reward_fn
 
     # ---- building ----------------------------------------------------------------------------------
@@ -227,6 +228,8 @@ class RLTrainer:
             completed = start
             for it in range(start, cfg.train.iterations):
                 rec = self.iteration(it)
+                if self.last_checkpoint_s is not None:  # the save that ended the previous iteration
+                    rec["time/checkpoint"], self.last_checkpoint_s = self.last_checkpoint_s, None
                 completed = it + 1
                 last = completed == cfg.train.iterations
                 out_of_time = cfg.train.max_minutes is not None and (time.perf_counter() - t_begin) / 60 >= cfg.train.max_minutes

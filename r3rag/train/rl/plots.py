@@ -25,6 +25,7 @@ PANELS: list[tuple[str, list[str]]] = [
     ("filtered / dropped", ["batch/filtered_fraction", "batch/dropped_fraction", "batch/untrainable_fraction"]),
     ("log-prob mismatch rollout vs trainer", ["policy/logprob_mismatch"]),
     ("time per phase (s)", ["time/"]),
+    ("outside generation + forward/backward (fraction)", ["time/overhead_fraction"]),
     ("policy update", ["policy/clip_frac", "policy/grad_norm", "loss/"]),
 ]
 
@@ -51,6 +52,7 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    exact = {w for _, ws in PANELS for w in ws if not w.endswith("/")}
     keys: list[str] = []
     for r in records:
         keys.extend(k for k in r if k not in keys)
@@ -60,7 +62,7 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path | No
     for ax, (title, wanted) in zip(axes.flat, PANELS):
         drawn = 0
         for k in keys:
-            if k in _SKIP or not any(k == w or (w.endswith("/") and k.startswith(w)) for w in wanted):
+            if k in _SKIP or not any(k == w or (w.endswith("/") and k.startswith(w) and k not in exact) for w in wanted):
                 continue
             xs, ys = _series(records, k)
             if xs:

@@ -1,0 +1,70 @@
+"""Bookkeeping of the RL loop: metrics records cut back on resume, curves, data order,
+micro-batches by token budget, checkpoint folders that are whole or absent."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from r3rag.train.rl.batch import micro_batches
+from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from r3rag.train.rl.loop import DataOrder
+from r3rag.train.rl.metrics import MetricsLog, read_records
+from r3rag.train.rl.plots import plot_curves
+
+
+def test_resume_cuts_records_after_the_checkpoint_and_curves_are_drawn(tmp_path):
+    log = MetricsLog(tmp_path, 0, tensorboard=True)
+    log.write({"step": 0, "kind": "eval", "eval/em": 10.0})
+    for s in range(1, 5):
+        log.write({"step": s, "kind": "train", "reward/total": 0.1 * s, "kl/mean": 0.01, "time/rollout": 1.0, "stop/answered": 0.5})
+    log.close()
+    with (tmp_path / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 5, "kind": "tr')  # a write killed half-way
+    log = MetricsLog(tmp_path, 2, tensorboard=False)  # resume from the checkpoint after 2 iterations
+    log.write({"step": 3, "kind": "train", "reward/total": 0.9})
+    log.close()
+    recs = read_records(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["kind"]) for r in recs] == [(0, "eval"), (1, "train"), (2, "train"), (3, "train")]
+    assert recs[-1]["reward/total"] == 0.9
+    png = plot_curves(tmp_path)
+    assert png is not None and png.stat().st_size > 10_000
+
+
+def test_data_order_is_a_function_of_the_iteration():
+    a, b = DataOrder(10, seed=3), DataOrder(10, seed=3)
+    first_epoch = [i for it in range(5) for i in a.indices(it, 2)]
+    assert sorted(first_epoch) == list(range(10))  # every question once per epoch
+    assert b.indices(7, 2) == a.indices(7, 2)  # no state: a resumed run draws the same questions
+    assert DataOrder(10, seed=4).indices(0, 10) != a.indices(0, 10)
+
+
+def test_micro_batches_respect_the_token_budget():
+    lengths = [100, 30, 90, 40, 35, 300]
+    mbs = micro_batches(lengths, 200)
+    assert sorted(i for mb in mbs for i in mb) == list(range(6))
+    for mb in mbs:
+        assert len(mb) == 1 or len(mb) * max(lengths[i] for i in mb) <= 200
+    assert [5] in mbs  # longer than the budget: alone
+
+
+def test_checkpoint_is_whole_or_absent(tmp_path):
+    lin = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.1)
+    lin(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    save_checkpoint(tmp_path, 1, {"policy": lin, "optimizer": opt}, {"seed": 0})
+    (tmp_path / "checkpoints" / "iter_000002.tmp").mkdir()  # killed while writing the next one
+    save_checkpoint(tmp_path, 3, {"policy": lin, "optimizer": opt}, {"seed": 0}, keep=2)
+    r = torch.rand(1)  # the first draw after the checkpoint
+    ck = latest_checkpoint(tmp_path)
+    assert ck.name == "iter_000003" and not (tmp_path / "checkpoints" / "iter_000002.tmp").exists()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_000001", "iter_000003"]
+    fresh = torch.nn.Linear(3, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    state = load_checkpoint(ck, {"policy": fresh, "optimizer": fresh_opt})
+    assert state["completed"] == 3 and torch.equal(fresh.weight, lin.weight)
+    assert fresh_opt.state_dict()["state"][0]["step"] == 1
+    assert torch.equal(torch.rand(1), r)  # the RNG state saved at checkpoint time came back
+    json.dumps(state)
