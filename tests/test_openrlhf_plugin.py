@@ -303,3 +303,12 @@ def test_placement_matches_single_machine_trainer(tok):
             batch = build_batch([traj], [reward], pad_id=0)
             assert dense == pytest.approx(batch.step_rewards[0].tolist())
             assert [int(x) for x in batch.action_mask[0].tolist()] == traj.loss_mask[1:]
+
+
+@pytest.mark.parametrize("name", ["config", "data", "placement", "retrieval", "rollout", "launch"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"r3rag.train.openrlhf.{name}"))
+    assert result.attempted > 0 and result.failed == 0

@@ -19,7 +19,8 @@
 #   OPENRLHF_PYTHON   OpenRLHF's interpreter (default: .venvs/openrlhf/bin/python, train/envs/openrlhf.sh)
 #   CORE_PYTHON       r3rag's interpreter for the retrieval service (default: .venv/bin/python)
 #   EXTRA_ARGS        more train_ppo_ray flags, appended last (they win)
-#   R3RAG_AGENT_SET   more plugin overrides (r3rag.train.openrlhf.config), appended to the recipe's
+#   R3RAG_AGENT_SET_EXTRA  more plugin overrides (r3rag.train.openrlhf.config, ';'-separated),
+#                     appended to the recipe's own
 #   R3RAG_DRY_RUN=1   print the environment and the flags (one per line) and exit: nothing starts
 
 set -euo pipefail
@@ -35,6 +36,11 @@ R3RAG_DRY_RUN="${R3RAG_DRY_RUN:-0}"
 AGENT_FILE="$R3RAG_ROOT/r3rag/train/openrlhf/agent.py"
 
 r3rag_die() { echo "$(basename "$0"): error: $*" >&2; exit 2; }
+
+# An existing path made absolute (Ray workers run elsewhere); anything else (a hub name) unchanged.
+r3rag_abspath() {
+  if [ -e "$1" ]; then (cd "$(dirname "$1")" && echo "$(pwd)/$(basename "$1")"); else echo "$1"; fi
+}
 
 r3rag_check_numbers() {
   local v
@@ -63,6 +69,8 @@ r3rag_inputs() {
   [ -f "$DATASET" ] || r3rag_die "DATASET=$DATASET: file not found"
   [ -x "$OPENRLHF_PYTHON" ] || r3rag_die "$OPENRLHF_PYTHON not found: run bash train/envs/openrlhf.sh"
   mkdir -p "$SAVE_DIR"
+  SAVE_DIR="$(r3rag_abspath "$SAVE_DIR")"; POLICY="$(r3rag_abspath "$POLICY")"; DATASET="$(r3rag_abspath "$DATASET")"
+  [ -z "${INDEX:-}" ] || INDEX="$(r3rag_abspath "$INDEX")"
   PROMPTS="${PROMPTS:-$SAVE_DIR/prompts.jsonl}"
   "$CORE_PYTHON" "$R3RAG_ROOT/train/scripts/openrlhf_prompts.py" --dataset "$DATASET" --out "$PROMPTS"
 }
@@ -124,7 +132,6 @@ r3rag_run() {
   export R3RAG_RETRIEVER_URLS
   echo "retrieval replicas: $R3RAG_RETRIEVER_URLS"
   mkdir -p "$SAVE_DIR"
-  cd "$R3RAG_ROOT"
   "$OPENRLHF_PYTHON" -m r3rag.train.openrlhf.launch "${ARGS[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log"
 }
 

@@ -11,7 +11,9 @@
   OpenRLHF's experience maker (stock OpenRLHF sums them onto the last token), installed in every
   Ray worker by :mod:`.launch`, the driver entry point that replaces
   ``python -m openrlhf.cli.train_ppo_ray``;
-- :mod:`.flags` runs OpenRLHF's own argument parser on a launch script's flags (CI contract).
+- :mod:`.flags` runs OpenRLHF's own argument parser on a launch script's flags (CI contract);
+- :mod:`.retrieval` orders the per-node replica URLs (this node's first) and never rotates away
+  from it while it answers; :mod:`.data` writes OpenRLHF's prompt rows (raw question + JSON label).
 
 Nothing here is imported by the rest of r3rag; OpenRLHF itself is only needed by :mod:`.agent`,
 :mod:`.per_step`, :mod:`.launch` and :mod:`.flags` (its own environment: train/envs/openrlhf.sh).
