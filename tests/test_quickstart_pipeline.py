@@ -381,3 +381,30 @@ def test_examples_prefer_questions_training_fixed_multi_hop_first():
     after = [row(0, 0, 2), row(1, 1, 2), row(2, 1, 1), row(3, 1, 3), row(4, 1, 2)]
     picked = [b["id"] for b, _ in choose_examples(before, list(reversed(after)), 3)]
     assert picked == ["q3", "q4", "q2"]  # fixed and multi-hop (dataset order), then fixed single-hop
+
+
+def test_eval_dtype_auto_follows_the_cpu(monkeypatch):
+    from r3rag.pipeline import stages
+
+    real_read = Path.read_text
+
+    def fake_cpuinfo(flags: str):
+        return lambda self, *a, **k: f"flags\t\t: fpu sse2 {flags}\n" if str(self) == "/proc/cpuinfo" else real_read(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", fake_cpuinfo("avx2 avx512f avx512_bf16"))
+    assert stages.eval_dtype("auto") == "bfloat16"
+    monkeypatch.setattr(Path, "read_text", fake_cpuinfo("avx2"))
+    assert stages.eval_dtype("auto") == "float32"
+    assert stages.eval_dtype("float32") == "float32" and stages.eval_dtype("bfloat16") == "bfloat16"
+
+
+def test_a_missing_llamafactory_env_is_reported_before_anything_runs(tmp_path, monkeypatch):
+    from r3rag.pipeline.stages import build_stages
+
+    monkeypatch.setenv("R3RAG_LLAMAFACTORY_VENV", str(tmp_path / "no-such-venv"))
+    ctx = _ctx(tmp_path, world={"size": "tiny", "clusters": 10, "questions_per_cluster": 2})
+    with pytest.raises(ConfigError, match="needs LLaMA-Factory's environment at .*no-such-venv.*train/envs/llamafactory.sh"):
+        run_pipeline(ctx, build_stages(ctx.cfg), ["world", "index", "coldstart", "sft"])
+    assert not (ctx.work / "world").exists()  # nothing ran
+    run_pipeline(ctx, build_stages(ctx.cfg), ["world"])  # stages that do not need it still run
+    assert PipelineState(ctx.work).is_done("world")

@@ -54,6 +54,9 @@ class Stage:
     #: delete the outputs made stale by redoing the stages in its second argument (itself included
     #: when redone by name); None: remove ``WORK/<name>`` whole
     reset: Callable[["Context", set[str]], None] | None = None
+    #: checked before any stage runs, when this stage is going to run: raise a ConfigError for what
+    #: would make it fail late (a missing environment), so nothing before it is spent in vain
+    preflight: Callable[["Context"], None] | None = None
 
 
 @dataclass
@@ -156,6 +159,9 @@ def run_pipeline(ctx: Context, stages: Sequence[Stage], wanted: Sequence[str], r
     # fingerprints of every stage (those not run here too: a needed stage's marker is checked)
     for s in stages:
         ctx.fingerprints[s.name] = fingerprint(s.settings(ctx), [ctx.fingerprints[n] for n in s.needs])
+    for stage in todo:
+        if stage.preflight is not None and not state.is_done(stage.name, ctx.fingerprints[stage.name]):
+            stage.preflight(ctx)
     outcome: dict[str, Any] = {}
     total = len(todo)
     started = time.perf_counter()

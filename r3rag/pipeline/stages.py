@@ -126,6 +126,19 @@ def eval_runs(ctx: Context) -> list[dict[str, Any]]:
     return runs
 
 
+def eval_dtype(name: str) -> str:
+    """``auto``: bfloat16 where the CPU has native bf16 arithmetic (avx512_bf16 / amx_bf16), where it
+    measured about 1.5x less CPU per evaluated question than float32 (docs/quickstart.md); float32
+    elsewhere (on AVX2-only CPUs bf16 is several times slower)."""
+    if name != "auto":
+        return name
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
 def run_eval(ctx: Context) -> dict[str, Any]:
     from r3rag.config import load_config
     from r3rag.evaluation.config import EvaluationConfig
@@ -141,6 +154,7 @@ def run_eval(ctx: Context) -> dict[str, Any]:
             f"dataset.name=world", f"dataset.world_dir={world_dir(ctx)}", f"dataset.world_seed={cfg.world.seed}",
             f"dataset.world_size={cfg.world.size}", f"dataset.split={cfg.eval.split}", f"retriever.urls=[{url}]",
             f"method.name={run['method']}", f"model.path={model}", f"run.batch_size={cfg.eval.batch_size}",
+            f"model.max_batch_size={cfg.eval.batch_size}", f"model.dtype={eval_dtype(cfg.eval.dtype)}",
             f"run.bootstrap={cfg.report.bootstrap}", f"run.seed={cfg.report.seed}",
             *([f"dataset.limit={cfg.eval.limit}"] if cfg.eval.limit else []), *run["overrides"], *cfg.eval.set,
         ]
@@ -200,7 +214,8 @@ def build_stages(cfg: QuickstartConfig) -> list[Stage]:
         Stage("index", "index and serve the world", run_index, needs=("world",)),
         Stage("coldstart", "cold-start data from the world's teacher", training.run_coldstart, needs=("world", "index"),
               settings=training.coldstart_settings),
-        Stage("sft", "SFT through LLaMA-Factory", training.run_sft, needs=("coldstart",), settings=training.sft_settings),
+        Stage("sft", "SFT through LLaMA-Factory", training.run_sft, needs=("coldstart",), settings=training.sft_settings,
+              preflight=training.sft_preflight),
         Stage("rl", "RL from the SFT checkpoint", training.run_rl, needs=("sft", "index"), settings=training.rl_settings),
         Stage("eval", "evaluate on held-out questions", run_eval, needs=eval_needs, reset=reset_eval,
               settings=lambda ctx: {"eval": ctx.cfg.model_dump(mode="json")["eval"], "base": ctx.cfg.model.base,

@@ -88,6 +88,21 @@ def run_coldstart(ctx: Context) -> dict[str, Any]:
     return checks.check_coldstart(out, cfg.coldstart.min_kept)
 
 
+def sft_preflight(ctx: Context) -> None:
+    """The real train/sft.py needs LLaMA-Factory's own environment: say so before cold start runs."""
+    import os
+
+    cfg: QuickstartConfig = ctx.cfg
+    if Path(cfg.sft.script).name != "sft.py" or Path(cfg.sft.script).parent.name != "train":
+        return  # another program: its own business
+    venv = Path(os.environ.get("R3RAG_LLAMAFACTORY_VENV") or ctx.repo_root / ".venvs" / "llamafactory")
+    if any(item.startswith("launch.venv=") for item in cfg.sft.set):
+        venv = Path(next(i for i in cfg.sft.set if i.startswith("launch.venv=")).split("=", 1)[1])
+    if not (venv / "bin" / "python").is_file():
+        raise ConfigError(f"the sft stage needs LLaMA-Factory's environment at {venv}: create it once with "
+                          "`bash train/envs/llamafactory.sh` (about 2 minutes), or run --stages world-coldstart for now")
+
+
 def run_sft(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     data = ctx.work / "coldstart"

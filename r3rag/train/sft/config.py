@@ -117,8 +117,8 @@ def llamafactory_args(cfg: SFTConfig, model_path: str) -> dict[str, Any]:
         args["preprocessing_num_workers"] = d.preprocessing_num_workers
     if t.deepspeed:
         args["deepspeed"] = t.deepspeed
-    if t.gradient_checkpointing:
-        args["gradient_checkpointing"] = True
+    # LLaMA-Factory turns gradient checkpointing on by default: only where asked (it costs compute)
+    args["disable_gradient_checkpointing"] = not t.gradient_checkpointing
     if t.use_cpu:
         args["use_cpu"] = True
     if t.max_minutes:

@@ -1,0 +1,82 @@
+"""The oracle teacher's variety: paraphrases, wordings, wasted-then-corrected queries, retries;
+deterministic for a seed; the plain oracle unchanged without variety."""
+
+from __future__ import annotations
+
+import pytest
+
+from r3rag.data.readers import read_questions
+from r3rag.retrieval.searcher import load_searcher
+from r3rag.rollout.config import RolloutConfig
+from r3rag.rollout.engine import RolloutEngine
+from r3rag.rollout.formats import get_format
+from r3rag.rollout.oracle import OracleBackend, OracleVariety
+from r3rag.rollout.retriever import SearcherRetriever
+from r3rag.rollout.tiny_tokenizer import build_tiny_tokenizer
+from tests.sft_helpers import make_world
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    w, idx = make_world(tmp_path_factory.mktemp("oracle"), size="small")
+    return read_questions(w / "train.jsonl", limit=80), SearcherRetriever(load_searcher(idx))
+
+
+def _run(setup, variety, temperature=0.0, seed=0, fmt_name="r3rag_steps"):
+    qs, retriever = setup
+    tok = build_tiny_tokenizer()
+    fmt = get_format(fmt_name, mode="chat", tokenizer=tok)
+    cfg = RolloutConfig(format=fmt_name, docs_per_step=3, temperature=temperature, seed=seed)
+    return RolloutEngine(OracleBackend(qs, fmt, tok, variety=variety), retriever, cfg, fmt=fmt).run(qs)
+
+
+def test_variety_is_deterministic_and_seeded(setup):
+    a = _run(setup, OracleVariety(seed=0))
+    b = _run(setup, OracleVariety(seed=0))
+    assert [t.text for t in a] == [t.text for t in b]
+    c = _run(setup, OracleVariety(seed=5))
+    assert [t.text for t in a] != [t.text for t in c]
+    # sampled attempts differ from the greedy one and between sampling seeds
+    s1 = _run(setup, OracleVariety(seed=0), temperature=0.9, seed=1)
+    s2 = _run(setup, OracleVariety(seed=0), temperature=0.9, seed=2)
+    assert [t.text for t in s1] != [t.text for t in s2] and [t.text for t in s1] != [t.text for t in a]
+
+
+def test_variety_has_paraphrases_wastes_and_retries(setup):
+    qs, _ = setup
+    trajs = _run(setup, OracleVariety(seed=0, waste_prob=0.3))
+    by_id = {q.id: q for q in qs}
+    subs = {q.id: [d["question"] for d in q.metadata["decomposition"]] for q in qs}
+    queries = [(t, s) for t in trajs for s in t.steps if s.query]
+    assert any(s.query not in subs[t.question_id] and s.query != t.question for t, s in queries)  # paraphrased
+    wasted = [(t, s) for t, s in queries if s.query == t.question and t.question not in subs[t.question_id]]
+    assert wasted  # the whole question asked as a (too broad) query...
+    for t, s in wasted:
+        nxt = t.steps[s.index + 1]
+        assert "broad" in nxt.analysis or "one fact at a time" in nxt.analysis or "not specific" in nxt.analysis  # ...then corrected
+    retried = [t for t in trajs if any(s.analysis.startswith(("The documents do not mention", "Those passages", "Nothing about"))
+                                       for s in t.steps)]
+    assert retried
+    openers = {t.steps[0].analysis.split(":")[0] for t in trajs}
+    assert len(openers) >= 3
+    # never a wrong answer: correct or an honest "unknown"
+    assert all(t.answer in by_id[t.question_id].golden_answers or t.answer == "unknown" for t in trajs)
+    assert all(t.num_retrievals <= 4 and len(t.steps) <= 5 for t in trajs)
+
+
+def test_retries_raise_accuracy_over_the_plain_script(setup):
+    plain = _run(setup, None)
+    varied = _run(setup, OracleVariety(seed=0, waste_prob=0.0, max_retries=1))
+    def acc(ts):
+        return sum(t.answer != "unknown" for t in ts) / len(ts)
+    assert acc(varied) > acc(plain)
+    # the plain oracle still asks the literal sub-questions
+    qs, _ = setup
+    subs = {q.id: [d["question"] for d in q.metadata["decomposition"]] for q in qs}
+    assert all(s.query in subs[t.question_id] for t in plain for s in t.steps if s.query)
+
+
+def test_variety_works_in_the_tag_format(setup):
+    trajs = _run(setup, OracleVariety(seed=0), fmt_name="r1searcher_tags")
+    assert sum(t.stop_reason == "answered" for t in trajs) == len(trajs)
+    assert sum(t.answer != "unknown" for t in trajs) > len(trajs) // 2
