@@ -109,6 +109,10 @@ def load_quickstart_config(args) -> "object":  # noqa: ANN001 - argparse namespa
     return load_config(QuickstartConfig, preset_path("fast" if args.fast else args.preset), [*overrides, *args.overrides])
 
 
+def _echo(line: str) -> None:
+    print(line, flush=True)  # in order with the stage programs' output, also through a pipe
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from r3rag.evaluation.methods import check_method
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(cfg.model.threads)
-    ctx = Context(cfg=cfg, work=Path(cfg.work), repo_root=_REPO_ROOT)
+    ctx = Context(cfg=cfg, work=Path(cfg.work), repo_root=_REPO_ROOT, echo=_echo)
     print(f"r3rag quickstart: preset {cfg.preset}, work {cfg.work}, stages {', '.join(wanted)}", flush=True)
     try:
         run_pipeline(ctx, build_stages(cfg), wanted, redo=redo)

@@ -76,6 +76,8 @@ def run_child(
     shim = [sys.executable, "-m", "r3rag.pipeline.child", "--", *cmd]
     log = Path(log_path).open("ab") if log_path is not None else None
     sinks: list[IO[bytes]] = [s for s in (getattr(sys.stdout, "buffer", None) if echo else None, log) if s is not None]
+    if echo:
+        sys.stdout.flush()  # what this process printed comes before the child's output
     proc = subprocess.Popen(shim, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sinks), daemon=True)

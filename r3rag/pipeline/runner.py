@@ -67,6 +67,7 @@ class Context:
     work: Path
     repo_root: Path
     echo: Callable[[str], None] = print
+    echo_children: bool = True  # stage programs' output to this process's stdout too (always to their log)
     fingerprints: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, Any] = field(default_factory=dict)  # what stages hand to the caller (the report)
     _closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)

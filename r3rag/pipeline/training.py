@@ -71,7 +71,7 @@ def _world_wiring(ctx: Context, prefix: str) -> list[str]:
 def _run_stage_program(ctx: Context, name: str, section: TrainStageSection, wiring: list[str]) -> Path:
     out = ctx.stage_dir(name)
     cmd = _program(ctx, section, out, wiring)
-    run_child(cmd, log_path=out / "pipeline.log", cwd=ctx.repo_root, timeout_s=section.timeout_s, echo=ctx.echo is print)
+    run_child(cmd, log_path=out / "pipeline.log", cwd=ctx.repo_root, timeout_s=section.timeout_s, echo=ctx.echo_children)
     return out
 
 
