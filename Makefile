@@ -9,10 +9,12 @@ STAMP  := $(VENV)/.r3rag-installed
 TORCH  ?= torch==2.13.0
 WORK   ?= runs/quickstart
 
-.PHONY: help setup envs quickstart test test-fast bench clean
+.PHONY: help setup envs quickstart quickstart-fast quickstart-prompted test test-fast bench clean
 
 help:
-	@echo "make quickstart   generate the embedded world and run the main job on it (CPU)"
+	@echo "make quickstart   the main job on the embedded world: cold start -> SFT -> RL -> evaluation (CPU)"
+	@echo "make quickstart-fast      the same with fewer held-out questions (wider intervals)"
+	@echo "make quickstart-prompted  evaluation only: the oracle and the prompted SmolLM2 methods"
 	@echo "make test         run the whole CPU test suite"
 	@echo "make setup        create .venv and install r3rag with its dev extras"
 	@echo "make envs         create the trainer environments (.venvs/llamafactory, .venvs/openrlhf)"
@@ -38,6 +40,13 @@ envs: $(STAMP)
 quickstart: $(STAMP)
 	bash train/envs/llamafactory.sh
 	$(PY) -m r3rag.quickstart --work $(WORK)
+
+quickstart-fast: $(STAMP)
+	bash train/envs/llamafactory.sh
+	$(PY) -m r3rag.quickstart --fast --work $(WORK)-fast
+
+quickstart-prompted: $(STAMP)
+	$(PY) -m r3rag.quickstart --preset prompted --work $(WORK)-prompted
 
 # R3RAG_REQUIRE_ENVS=1: tests that need a trainer environment fail (instead of skipping) without it
 test: $(STAMP) envs
