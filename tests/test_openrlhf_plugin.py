@@ -237,7 +237,7 @@ def test_engine_failure_drops_the_sample(tok):
 
 
 def test_node_local_replica_first_then_failover(slow_server):
-    assert order_urls(["http://10.0.0.2:8100", "http://127.0.0.1:8100"]) == ["http://127.0.0.1:8100", "http://10.0.0.2:8100"]
+    assert order_urls(["http://node2.cluster:8100", "http://127.0.0.1:8100"]) == ["http://127.0.0.1:8100", "http://node2.cluster:8100"]
     assert order_urls(["http://b:1", "http://a:1", "http://c:1"], local={"a"}) == ["http://a:1", "http://b:1", "http://c:1"]
     dead = f"http://127.0.0.1:{free_port()}"
 

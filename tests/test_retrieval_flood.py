@@ -63,12 +63,12 @@ def test_flood_of_64_retrying_clients_at_twice_the_queue_bound():
     gc.collect()
     gc.freeze()
     try:
-        _flood()
+        check_flood()
     finally:
         gc.unfreeze()
 
 
-def _flood() -> None:
+def check_flood() -> None:
     searcher = SlowEcho(BATCH_DELAY_S)
     with serve_in_thread([], searchers={"slow": searcher}, max_queue=MAX_QUEUE, retry_after_s=1, cache_size=0,
                          max_batch_queries=4, batch_window_ms=1.0) as server:

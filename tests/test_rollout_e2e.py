@@ -101,7 +101,8 @@ def run_model(backend, questions, service, name, mode):
 
 @pytest.mark.parametrize("name,mode", [("r3rag_steps", "chat"), ("r1searcher_tags", "raw")])
 def test_tiny_model_through_the_service(world, service, name, mode):
-    run_model(HFBackend(tiny_model(), tiny_tokenizer()), world[0][:8], service, name, mode)
+    trajs = run_model(HFBackend(tiny_model(), tiny_tokenizer()), world[0][:8], service, name, mode)
+    assert len(trajs) == 8 and all(t.num_generated_tokens > 0 for t in trajs)
 
 
 def test_smollm2_through_the_service_both_formats(world, service):

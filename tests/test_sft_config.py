@@ -35,11 +35,11 @@ def test_multi_node_launch_is_torchrun(tmp_path):
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")
     cfg = load_config(SFTConfig, CONFIGS / "r3rag-qwen2.5-7b.yaml",
-                      [f"launch.venv={venv}", "launch.nnodes=2", "launch.node_rank=1", "launch.master_addr=10.0.0.1"])
+                      [f"launch.venv={venv}", "launch.nnodes=2", "launch.node_rank=1", "launch.master_addr=node0.cluster"])
     cmd = command(cfg, Path("x.yaml"))
     assert cmd[0].endswith("torchrun")
     assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--node_rank") + 1] == "1"
-    assert cmd[cmd.index("--nproc_per_node") + 1] == "8" and cmd[cmd.index("--master_addr") + 1] == "10.0.0.1"
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "8" and cmd[cmd.index("--master_addr") + 1] == "node0.cluster"
     assert cmd[-3:] == ["-m", "r3rag.train.sft.lf_launch", "x.yaml"]
     single = command(load_config(SFTConfig, CONFIGS / "world-smollm2-cpu.yaml", [f"launch.venv={venv}"]), Path("x.yaml"))
     assert single == [str(venv / "bin" / "python"), "-m", "r3rag.train.sft.lf_launch", "x.yaml"]
