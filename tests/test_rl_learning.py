@@ -57,3 +57,34 @@ def test_same_code_on_cuda(tmp_path):
     assert next(trainer.models.policy.parameters()).is_cuda
     recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3]
+
+
+def test_one_pass_update_reuses_its_own_forward_for_the_old_logprobs(tmp_path, monkeypatch):
+    """With one pass over the batch and no reference the trainer skips the no-grad policy pass:
+    the policy runs one forward per micro-batch instead of two, and the update is the same as with
+    the separate pass (ratio 1 either way: same weights)."""
+    import torch
+
+    from r3rag.train.rl.loop import RLTrainer
+
+    params, forwards = {}, {}
+    for reuse in (True, False):
+        monkeypatch.setattr(RLTrainer, "old_logprobs_from_update", lambda self, r=reuse: r)
+        trainer = tiny_trainer(tiny_cfg("group_norm", iterations=1), tmp_path / str(reuse))
+        trainer._build()
+        calls = []
+        emb = trainer.models.policy.get_input_embeddings()  # every pass of the policy goes through it
+        emb.register_forward_hook(lambda mod, inp, out: calls.append(torch.is_grad_enabled()))
+        rec = trainer.iteration(0)
+        assert rec["batch/kept"] > 0 and rec["batch/micro_batches"] >= 1
+        n_mb = rec["batch/micro_batches"]
+        forwards[reuse] = (calls.count(False), calls.count(True), n_mb)  # (no-grad passes incl. rollout, gradient passes)
+        params[reuse] = [p.detach().clone() for p in trainer.models.policy.parameters()]
+        assert rec["policy/logprob_mismatch"] < 1e-3
+        assert rec["policy/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    # the same rollout (same seeds) -> the same number of generation passes; one extra no-grad
+    # pass per micro-batch only without the reuse
+    (gen_r, train_r, mb_r), (gen_s, train_s, mb_s) = forwards[True], forwards[False]
+    assert mb_r == mb_s and train_r == train_s == mb_r
+    assert gen_s - gen_r == mb_s
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(params[True], params[False]))

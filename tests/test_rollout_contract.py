@@ -248,3 +248,28 @@ def test_seeds_advance_per_call_and_do_not_depend_on_batch_position():
     s1 = b.seeds[QUESTIONS[0].question]
     assert s1[0] != s1[1]  # a trainer's next iteration samples anew
     assert s1[2] == s1[0]  # same run seed, other batch position: same seed
+
+
+def test_question_gold_ids_reach_the_process_reward():
+    """A rollout's trajectory carries the question's gold supporting ids (here only in the
+    decomposition), so R3-RAG's gold process reward scores each query step from the trajectory
+    alone: the step that found p1 and the step that found p2 each earn relevance, nothing is
+    reported missing. Without the ids every query step scored 0 and the judge counted missing."""
+    tok = tiny_tokenizer()
+    f = get_format("r3rag_steps", mode="chat", tokenizer=tok)
+    traj = RolloutEngine(OracleBackend(QUESTIONS, f, tok), OverlapRetriever(CORPUS),
+                         RolloutConfig(format="r3rag_steps", docs_per_step=1), fmt=f).run([TWO_HOP])[0]
+    assert traj.stop_reason == "answered" and traj.answer == "Dromel"
+    assert traj.metadata["supporting_ids"] == ["p1", "p2"]
+    assert [d.id for s in traj.steps for d in s.documents] == ["p1", "p2"]
+
+    out = load_recipe("r3rag").score([traj])[0]
+    query_steps = [i for i, s in enumerate(traj.steps) if s.query]
+    assert len(query_steps) == 2
+    # relevance 1.0 x fate 1.6 (correct answer) on each query step; +2.0 on the answer step
+    assert [out.per_step[i] for i in query_steps] == [pytest.approx(1.6), pytest.approx(1.6)]
+    assert out.per_step[-1] == pytest.approx(2.0)
+    assert out.missing == []
+    # the same trajectory stripped of its ids scores its query steps 0: the check above can fail
+    traj.metadata.pop("supporting_ids")
+    assert [load_recipe("r3rag").score([traj])[0].per_step[i] for i in query_steps] == [0.0, 0.0]

@@ -178,3 +178,46 @@ def test_prefix_cache_memory_is_bounded():
     for i in range(6):
         hf.generate_batch([req(PROMPTS[1] + " x" * i, max_tokens=4)])
     assert 0 < hf._kv_bytes <= 50_000 and len(hf._kv) < 6
+
+
+def test_autocast_generation_uses_bf16_and_stays_consistent():
+    """``autocast_dtype=bfloat16`` (the RL trainer's rollout on an AVX-512 CPU, weights kept in
+    float32): the model's matmuls really run in bf16 (a forward hook sees bf16 activations), the
+    weights stay float32, batched greedy equals one at a time, and multi-turn reuse of the KV prefix
+    cache (bf16 keys/values) gives the same log-probs as no cache."""
+    from rollout_helpers import CORPUS, QUESTIONS
+
+    from r3rag.rollout.backends.forced import ForcedBackend
+    from r3rag.rollout.config import RolloutConfig
+    from r3rag.rollout.engine import RolloutEngine
+    from r3rag.rollout.formats import get_format
+    from r3rag.rollout.oracle import OracleBackend
+    from r3rag.testing.fake_retriever import OverlapRetriever
+
+    tok = tiny_tokenizer()
+    model = tiny_model()
+    seen = []
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    handle = linear.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    be = HFBackend(model, tok, max_batch_size=8, autocast_dtype=torch.bfloat16)
+    batch = be.generate_batch([req(p, max_tokens=10) for p in PROMPTS])
+    alone = [be.generate_batch([req(p, max_tokens=10)])[0] for p in PROMPTS]
+    handle.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert next(model.parameters()).dtype == torch.float32
+    assert [o.token_ids for o in batch] == [o.token_ids for o in alone]
+    assert all(len(o.token_ids) == 10 for o in batch)
+
+    f = get_format("r3rag_steps", mode="chat", tokenizer=tok)
+    runs = {}
+    for on in (True, False):
+        hf = HFBackend(tiny_model(), tok, prefix_cache=on, autocast_dtype=torch.bfloat16)
+        be = ForcedBackend(hf, OracleBackend(QUESTIONS, f, tok))
+        trajs = RolloutEngine(be, OverlapRetriever(CORPUS), RolloutConfig(docs_per_step=2), fmt=f).run(QUESTIONS)
+        runs[on] = (trajs, hf.cache_hits)
+    (with_cache, hits), (without, _) = runs[True], runs[False]
+    assert hits == 4
+    for a, b in zip(with_cache, without):
+        la = [x for s in a.segments if s.role == "model" for x in s.logprobs]
+        lb = [x for s in b.segments if s.role == "model" for x in s.logprobs]
+        assert la == pytest.approx(lb, abs=0.05)  # bf16 rounding of the same computation

@@ -79,6 +79,26 @@ class _Budget:
     seen: set[str] = field(default_factory=set)
 
 
+def gold_metadata(question: Question) -> dict[str, Any]:
+    """The question's gold supporting passage ids and hop count, when it has them.
+
+    The ids are the question's ``supporting_ids``, else the union of its decomposition steps' ids
+    (in order), so that a process reward scoring the trajectory alone finds them.
+
+    >>> gold_metadata(Question("q", "?", ["a"], {"hops": 2, "decomposition": [{"supporting_ids": ["p1"]}, {"supporting_ids": ["p2", "p1"]}]}))
+    {'supporting_ids': ['p1', 'p2'], 'hops': 2}
+    """
+    meta = question.metadata or {}
+    ids = [str(i) for i in meta.get("supporting_ids") or []]
+    if not ids:
+        for hop in meta.get("decomposition") or []:
+            ids.extend(str(i) for i in hop.get("supporting_ids", []) if str(i) not in ids)
+    out: dict[str, Any] = {"supporting_ids": ids} if ids else {}
+    if meta.get("hops") is not None:
+        out["hops"] = meta["hops"]
+    return out
+
+
 class RetrievalEnv:
     """One episode: a question, a format, a token budget and (optionally) a retriever."""
 
@@ -105,7 +125,7 @@ class RetrievalEnv:
             segments=[Segment("prompt", prompt, ids)],
             sample_index=sample_index,
             golden_answers=list(question.golden_answers),
-            metadata={"mode": fmt.mode},
+            metadata={"mode": fmt.mode, **gold_metadata(question)},
         )
         self.ids: list[int] = list(ids)
         self.text = prompt

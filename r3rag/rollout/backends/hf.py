@@ -95,8 +95,12 @@ class HFBackend(PolicyBackend):
         prefix_cache: bool = True,
         max_cached_bytes: int = 2 << 30,
         shared_prefix_tokens: int = 32,
+        autocast_dtype: Any = None,
     ) -> None:
         self.model = model
+        #: run generation under ``torch.autocast`` with this dtype (e.g. bfloat16 on a CPU with
+        #: AVX-512 while the trainer keeps float32 weights); None: the weights' own dtype
+        self.autocast_dtype = autocast_dtype
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.stop_check_tokens = stop_check_tokens
@@ -171,7 +175,8 @@ class HFBackend(PolicyBackend):
                 finish[b] = "length" if r.params.max_tokens <= 0 else "stop"
         max_stop = max((len(s) for r in reqs for s in r.params.stop), default=0)
         tail_tokens = max_stop + self.stop_check_tokens
-        with torch.inference_mode():
+        autocast = torch.autocast(device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
+        with torch.inference_mode(), autocast:
             past, mask, logits, last_pos = self._prefill(reqs, reused, n_old, n_new, device)
             _preallocate(past, max_new)
             rows = list(range(B))  # batch row j holds request rows[j]; finished rows are dropped
@@ -179,6 +184,7 @@ class HFBackend(PolicyBackend):
                 if all(f is not None for f in finish):
                     break
                 logp = torch.log_softmax(logits, dim=-1)  # raw model log-probs (greedy rows)
+                greedy = logits.argmax(dim=-1).tolist()  # (rows,) one pass for every greedy row
                 nxt = torch.full((len(rows),), self.pad_id, dtype=torch.long)
                 for j, b in enumerate(rows):
                     if finish[b] is not None:
@@ -193,7 +199,7 @@ class HFBackend(PolicyBackend):
                     if r.forced_ids is not None:
                         tok = r.forced_ids[len(toks[b])]
                     elif probs is None:
-                        tok = int(torch.argmax(logits[j]))
+                        tok = greedy[j]
                     else:
                         tok = int(torch.multinomial(probs, 1, generator=gens[b]))
                     nxt[j] = tok
@@ -373,7 +379,9 @@ class HFBackend(PolicyBackend):
         import torch
 
         ids = torch.tensor([prefix], dtype=torch.long, device=device)  # (1, n)
-        with torch.inference_mode():
+        autocast = torch.autocast(device.type if hasattr(device, "type") else str(device), dtype=self.autocast_dtype or torch.bfloat16,
+                                  enabled=self.autocast_dtype is not None)
+        with torch.inference_mode(), autocast:
             cache = _cache_of(self.model(input_ids=ids, use_cache=True, **self._last_logits))
         if not hasattr(cache, "layers"):
             return None

@@ -12,7 +12,9 @@ One iteration ``it`` (0-based; ``step = it + 1`` iterations are done after it):
    out and counted (:func:`r3rag.train.rl.batch.select`);
 3. **forward without gradient**: the policy's log-probs of the generated tokens (the "old"
    log-probs of the ratio; the rollout's own are kept only for the mismatch metric), the frozen
-   reference's (only when ``kl_coef > 0``) and the critic's values (``gae``);
+   reference's (only when ``kl_coef > 0``) and the critic's values (``gae``). With one pass over
+   the batch (``epochs_per_batch: 1``) and no reference, the policy's pass is skipped: the
+   update's own forward runs on the same weights, so its detached log-probs are the old ones;
 4. **advantages** by the named estimator (:mod:`.estimators`);
 5. **update**: ``epochs_per_batch`` passes; each pass accumulates gradients over micro-batches
    cut by ``micro_batch_tokens`` (every loss is divided by the batch's total generated tokens, so
@@ -162,7 +164,10 @@ class RLTrainer:
             reference.requires_grad_(False)
         critic = ValueModel(policy).to(self.device) if cfg.algo.estimator == "gae" else None
         self.models = Models(policy, self._tokenizer, reference, critic)
-        self.backend = HFBackend(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size)
+        # the rollout generates under the trainer's compute dtype (bf16 autocast where it is faster),
+        # as the trainer recomputes its log-probs; the weights stay float32
+        autocast = self.dtype if self.dtype != torch.float32 else None
+        self.backend = HFBackend(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size, autocast_dtype=autocast)
         if self._questions is None or self._retriever is None:
             from r3rag.evaluation.components import load_retriever
             from r3rag.evaluation.datasets import resolve_dataset
@@ -221,7 +226,8 @@ class RLTrainer:
         from tqdm import tqdm
 
         t_begin = time.perf_counter()
-        bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"rl {self.out.name}", unit="it", disable=not cfg.train.progress)
+        budget = f" (stops after {cfg.train.max_minutes:g} min)" if cfg.train.max_minutes is not None else ""
+        bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"rl {self.out.name}{budget}", unit="it", disable=not cfg.train.progress)
         try:
             if start == 0 and cfg.train.eval_at_start and self.eval_questions:
                 self._evaluate(0)
@@ -365,6 +371,13 @@ class RLTrainer:
         return RolloutBatch(b.input_ids.to(d), b.attention_mask.to(d), b.action_mask.to(d), b.step_rewards, b.rollout_logprobs,
                             b.temperatures.to(d), b.group, b.totals, b.lengths)
 
+    def old_logprobs_from_update(self) -> bool:
+        """One pass over the batch and no reference: the weights that run the update's forward are
+        exactly the ones "old" stands for (one optimizer step per batch), so the old log-probs are
+        that forward's own, detached (ratio 1, the same gradient), and the no-grad policy pass is
+        skipped. With a reference the KL (in the reward) needs them before the advantages."""
+        return self.cfg.algo.epochs_per_batch == 1 and self.models.reference is None
+
     def _train_on(self, batch: RolloutBatch, times: dict[str, float]) -> dict[str, Any]:
         cfg, a, m = self.cfg, self.cfg.algo, self.models
         t0 = time.perf_counter()
@@ -373,12 +386,14 @@ class RLTrainer:
         old = torch.zeros(B, L)
         ref = torch.zeros(B, L) if m.reference is not None else None
         values = torch.zeros(B, L) if m.critic is not None else None
+        reuse_old = self.old_logprobs_from_update()
         with torch.no_grad(), self._autocast():
-            for idx in mbs:
+            for idx in mbs if (not reuse_old or values is not None) else []:
                 mb = self._to(batch.rows(idx))
                 w = mb.action_mask.shape[1]
-                lp, _ = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
-                old[idx, :w] = lp.cpu()
+                if not reuse_old:
+                    lp, _ = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
+                    old[idx, :w] = lp.cpu()
                 if ref is not None:
                     rl, _ = policy_logprobs(m.reference, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
                     ref[idx, :w] = rl.cpu()
@@ -408,6 +423,8 @@ class RLTrainer:
                 sl = (ix[:, None], torch.arange(w)[None, :])
                 with self._autocast():
                     lp, ent = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures, entropy=True)
+                    if reuse_old:
+                        old[sl] = lp.detach().float().cpu()
                     pl, st = policy_loss(lp, old[sl].to(lp.device), adv.advantages[sl].to(lp.device), mb.action_mask, n_tok,
                                          a.clip_eps_low, a.clip_eps_high, a.dual_clip)
                     loss = pl
