@@ -272,6 +272,23 @@ def test_a_failing_child_is_one_error_naming_its_log(tmp_path):
         run_child([sys.executable, "-c", "import time; time.sleep(30)"], echo=False, timeout_s=1, grace_s=1)
 
 
+def test_a_stage_programs_long_lines_are_cut_on_the_console_not_in_its_log(tmp_path, capfd):
+    """A program that prints a 5,000-character line (LLaMA-Factory's tokenised example) and a
+    progress bar redrawn with carriage returns: the console shows the line's first
+    CONSOLE_LINE_LIMIT characters and a marker naming the log, the bar's redraws whole; the log
+    holds every byte."""
+    from r3rag.pipeline.child import CONSOLE_LINE_LIMIT
+
+    log = tmp_path / "stage.log"
+    program = "print('x' * 5000); print('short'); print('\\r'.join(f'bar {i}' for i in range(3)))"
+    run_child([sys.executable, "-c", program], log_path=log, echo=True)
+    console = capfd.readouterr().out
+    assert "x" * CONSOLE_LINE_LIMIT + f" ... [line cut; whole in {log}]" in console
+    assert "x" * (CONSOLE_LINE_LIMIT + 1) not in console
+    assert "short\n" in console and "bar 0\rbar 1\rbar 2" in console
+    assert "x" * 5000 + "\n" in log.read_text()
+
+
 # --- usability checks --------------------------------------------------------------------------------
 
 

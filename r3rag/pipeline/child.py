@@ -21,6 +21,7 @@ The child's output goes to the terminal and, line by line, to ``log_path``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from typing import IO, Sequence
 from r3rag.errors import R3RagError
 
 PR_SET_PDEATHSIG = 1
+#: bytes of one line of a stage program's output shown on the console (its log keeps all)
+CONSOLE_LINE_LIMIT = 400
 
 
 class ChildFailed(R3RagError):
@@ -46,6 +49,39 @@ def _set_parent_death_signal(sig: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the pipeline's own cleanup is all there is
         pass
+
+
+class ClippedLines:
+    r"""A console sink that shows at most ``limit`` bytes of each line (``\n`` or ``\r`` ends one,
+    so progress bars still redraw), then one marker; the log file beside it gets everything.
+    LLaMA-Factory, for one, prints a tokenised example as two lines of several thousand ids.
+
+    >>> import io
+    >>> out = io.BytesIO(); c = ClippedLines(out, 5, "LOG")
+    >>> c.write(b"abcdefgh\nxy"); c.write(b"z\r12"); out.getvalue()
+    b'abcde ... [line cut; whole in LOG]\nxyz\r12'
+    """
+
+    def __init__(self, sink: IO[bytes], limit: int, where: str) -> None:
+        self.sink, self.limit, self.n = sink, limit, 0
+        self.marker = f" ... [line cut; whole in {where}]".encode()
+
+    def write(self, chunk: bytes) -> None:
+        out = bytearray()
+        for piece in re.split(rb"([\r\n])", chunk):
+            if piece in (b"\r", b"\n"):
+                out += piece
+                self.n = 0
+                continue
+            if self.n < self.limit:
+                out += piece[: self.limit - self.n]
+            if self.n <= self.limit < self.n + len(piece):
+                out += self.marker
+            self.n += len(piece)
+        self.sink.write(bytes(out))
+
+    def flush(self) -> None:
+        self.sink.flush()
 
 
 def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
@@ -75,7 +111,10 @@ def run_child(
     full_env["R3RAG_PIPELINE_PARENT"] = str(os.getpid())
     shim = [sys.executable, "-m", "r3rag.pipeline.child", "--", *cmd]
     log = Path(log_path).open("ab") if log_path is not None else None
-    sinks: list[IO[bytes]] = [s for s in (getattr(sys.stdout, "buffer", None) if echo else None, log) if s is not None]
+    console = getattr(sys.stdout, "buffer", None) if echo else None
+    if console is not None and log_path is not None:
+        console = ClippedLines(console, CONSOLE_LINE_LIMIT, str(log_path))  # type: ignore[assignment]
+    sinks: list[IO[bytes]] = [s for s in (console, log) if s is not None]
     if echo:
         sys.stdout.flush()  # what this process printed comes before the child's output
     proc = subprocess.Popen(shim, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
