@@ -48,3 +48,18 @@ class Passage:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Passage":
         return cls(id=str(d["id"]), contents=d["contents"], score=d.get("score"))
+
+
+def gold_passage_ids(meta: dict[str, Any] | None) -> list[str]:
+    """A question's gold supporting passage ids, in order: ``supporting_ids``, else the union of
+    its decomposition steps' ``supporting_ids``; ``[]`` when it has none.
+
+    >>> gold_passage_ids({"decomposition": [{"supporting_ids": ["p1"]}, {"supporting_ids": ["p2", "p1"]}]})
+    ['p1', 'p2']
+    """
+    meta = meta or {}
+    ids = [str(i) for i in meta.get("supporting_ids") or []]
+    if not ids:
+        for hop in meta.get("decomposition") or []:
+            ids.extend(str(i) for i in hop.get("supporting_ids", []) if str(i) not in ids)
+    return ids

@@ -36,6 +36,7 @@ from typing import Callable, Literal, Sequence
 from pydantic import field_validator
 
 from r3rag.config import Section
+from r3rag.data.records import gold_passage_ids
 from r3rag.rewards.judge.client import JudgeClient, JudgeRequest
 from r3rag.rollout.trajectory import Trajectory
 
@@ -54,11 +55,7 @@ class ProcessConfig(Section):
 
 def supporting_ids(traj: Trajectory) -> set[str] | None:
     """The gold supporting passage ids, or None when the question carries none."""
-    meta = traj.metadata or {}
-    if meta.get("supporting_ids"):
-        return {str(i) for i in meta["supporting_ids"]}
-    ids = {str(i) for hop in meta.get("decomposition") or [] for i in hop.get("supporting_ids", [])}
-    return ids or None
+    return set(gold_passage_ids(traj.metadata)) or None
 
 
 def _new_hit(new: set[str], gold: set[str]) -> float:

@@ -38,7 +38,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from r3rag.data.records import Passage, Question
+from r3rag.data.records import Passage, Question, gold_passage_ids
 from r3rag.rollout.backends.base import GenerationOutput, GenerationRequest, SamplingParams
 from r3rag.rollout.config import RolloutConfig
 from r3rag.rollout.formats.base import TrajectoryFormat
@@ -82,17 +82,14 @@ class _Budget:
 def gold_metadata(question: Question) -> dict[str, Any]:
     """The question's gold supporting passage ids and hop count, when it has them.
 
-    The ids are the question's ``supporting_ids``, else the union of its decomposition steps' ids
-    (in order), so that a process reward scoring the trajectory alone finds them.
+    The ids (:func:`~r3rag.data.records.gold_passage_ids`) go on the trajectory so that a process
+    reward scoring the trajectory alone finds them.
 
     >>> gold_metadata(Question("q", "?", ["a"], {"hops": 2, "decomposition": [{"supporting_ids": ["p1"]}, {"supporting_ids": ["p2", "p1"]}]}))
     {'supporting_ids': ['p1', 'p2'], 'hops': 2}
     """
     meta = question.metadata or {}
-    ids = [str(i) for i in meta.get("supporting_ids") or []]
-    if not ids:
-        for hop in meta.get("decomposition") or []:
-            ids.extend(str(i) for i in hop.get("supporting_ids", []) if str(i) not in ids)
+    ids = gold_passage_ids(meta)
     out: dict[str, Any] = {"supporting_ids": ids} if ids else {}
     if meta.get("hops") is not None:
         out["hops"] = meta["hops"]

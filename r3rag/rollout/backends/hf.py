@@ -139,8 +139,13 @@ class HFBackend(PolicyBackend):
         return await asyncio.to_thread(self.generate_batch, requests)
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        import torch
+
         out: list[GenerationOutput] = []
-        with self._lock:
+        device = next(self.model.parameters()).device
+        # autocast is per thread: entered here, it covers prefill, shared prefixes and decode
+        autocast = torch.autocast(device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
+        with self._lock, autocast:
             for i in range(0, len(requests), self.max_batch_size):
                 chunk = requests[i:i + self.max_batch_size]
                 try:
@@ -175,8 +180,8 @@ class HFBackend(PolicyBackend):
                 finish[b] = "length" if r.params.max_tokens <= 0 else "stop"
         max_stop = max((len(s) for r in reqs for s in r.params.stop), default=0)
         tail_tokens = max_stop + self.stop_check_tokens
-        autocast = torch.autocast(device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
-        with torch.inference_mode(), autocast:
+        any_greedy = any(r.params.temperature <= 0 and r.forced_ids is None for r in reqs)
+        with torch.inference_mode():
             past, mask, logits, last_pos = self._prefill(reqs, reused, n_old, n_new, device)
             _preallocate(past, max_new)
             rows = list(range(B))  # batch row j holds request rows[j]; finished rows are dropped
@@ -184,7 +189,7 @@ class HFBackend(PolicyBackend):
                 if all(f is not None for f in finish):
                     break
                 logp = torch.log_softmax(logits, dim=-1)  # raw model log-probs (greedy rows)
-                greedy = logits.argmax(dim=-1).tolist()  # (rows,) one pass for every greedy row
+                greedy = logits.argmax(dim=-1).tolist() if any_greedy else []  # (rows,) one pass for every greedy row
                 nxt = torch.full((len(rows),), self.pad_id, dtype=torch.long)
                 for j, b in enumerate(rows):
                     if finish[b] is not None:
@@ -379,9 +384,7 @@ class HFBackend(PolicyBackend):
         import torch
 
         ids = torch.tensor([prefix], dtype=torch.long, device=device)  # (1, n)
-        autocast = torch.autocast(device.type if hasattr(device, "type") else str(device), dtype=self.autocast_dtype or torch.bfloat16,
-                                  enabled=self.autocast_dtype is not None)
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode():
             cache = _cache_of(self.model(input_ids=ids, use_cache=True, **self._last_logits))
         if not hasattr(cache, "layers"):
             return None

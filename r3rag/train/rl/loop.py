@@ -387,8 +387,9 @@ class RLTrainer:
         ref = torch.zeros(B, L) if m.reference is not None else None
         values = torch.zeros(B, L) if m.critic is not None else None
         reuse_old = self.old_logprobs_from_update()
+        no_grad_pass = mbs if (not reuse_old or values is not None) else []  # the critic's values still need one
         with torch.no_grad(), self._autocast():
-            for idx in mbs if (not reuse_old or values is not None) else []:
+            for idx in no_grad_pass:
                 mb = self._to(batch.rows(idx))
                 w = mb.action_mask.shape[1]
                 if not reuse_old:
