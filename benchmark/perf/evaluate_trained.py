@@ -63,6 +63,8 @@ def main() -> int:
                    help="auto: forced-oracle for the untrained smollm2, else the model's own turns")
     p.add_argument("--questions", type=int, default=64, help="dev questions (default: %(default)s)")
     p.add_argument("--batch", default="32", help="questions per engine call, comma list (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=0,
+                   help="rows per forward pass (the backend's max_batch_size); 0: the same as --batch")
     p.add_argument("--dtype", default="float32", help="model dtype(s), comma list: float32,bfloat16 (default: %(default)s)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads (default: %(default)s)")
     p.add_argument("--world-size", default="small", help="world size (default: %(default)s; medium for > 80 questions)")
@@ -107,7 +109,7 @@ def main() -> int:
         for dtype in [d.strip() for d in args.dtype.split(",") if d.strip()]:
             model, tok = load_model(model_path, dtype=dtype)
             for batch in [int(b) for b in args.batch.split(",")]:
-                hf = HFBackend(model, tok, max_batch_size=batch)
+                hf = HFBackend(model, tok, max_batch_size=args.rows or batch)
                 fmt = get_format(rollout.format, mode=rollout.mode, tokenizer=tok, prompt_variant=rollout.prompt_variant)
                 backend = ForcedBackend(hf, OracleBackend(questions, fmt, tok)) if policy == "forced-oracle" else hf
                 retriever = RetrievalClient([handle.url])
@@ -122,7 +124,7 @@ def main() -> int:
                 st, fw = engine.stats.to_dict(), timer.summary()
                 n = len(trajs)
                 row = {
-                    "dtype": dtype, "batch": batch, "questions": n, "wall_s": round(wall, 2), "s_per_q": round(wall / n, 3),
+                    "dtype": dtype, "batch": batch, "rows": args.rows or batch, "questions": n, "wall_s": round(wall, 2), "s_per_q": round(wall / n, 3),
                     "projected_300_s": round(300 * wall / n, 1), "cpu_s": round(cpu, 2), "cpu_s_per_q": round(cpu / n, 3),
                     "load_avg_1min": os.getloadavg()[0],
                     "retrievals_per_q": round(sum(t.num_retrievals for t in trajs) / n, 2),
