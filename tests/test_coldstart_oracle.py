@@ -80,3 +80,25 @@ def test_variety_works_in_the_tag_format(setup):
     trajs = _run(setup, OracleVariety(seed=0), fmt_name="r1searcher_tags")
     assert sum(t.stop_reason == "answered" for t in trajs) == len(trajs)
     assert sum(t.answer != "unknown" for t in trajs) > len(trajs) // 2
+
+
+def test_the_plan_states_the_hop_count_and_counts_facts_off(setup):
+    import re
+
+    qs, _ = setup
+    by_id = {q.id: q for q in qs}
+    trajs = _run(setup, OracleVariety(seed=0))
+    hops_seen = set()
+    for t in trajs:
+        n = len(by_id[t.question_id].metadata["decomposition"])
+        hops_seen.add(n)
+        first = re.search(r"(\d) (?:fact|facts|lookup|lookups)\b", t.steps[0].analysis)
+        assert first and int(first.group(1)) == n, t.steps[0].analysis
+        counted = [tuple(map(int, m)) for s in t.steps for m in re.findall(r"(\d) of (\d)", s.analysis)]
+        assert all(total == n for _, total in counted)
+        assert [j for j, _ in counted] == sorted(j for j, _ in counted)  # counted off in order
+        if t.answer != "unknown":  # a correct chain counts every fact before it answers
+            assert counted and counted[-1][0] == n, [s.analysis for s in t.steps]
+    assert len(hops_seen) >= 2  # the count differs with the question, not one fixed number
+    plain = _run(setup, OracleVariety(seed=0, plan=False))
+    assert not any(re.search(r"\d of \d", s.analysis) for t in plain for s in t.steps)

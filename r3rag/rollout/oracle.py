@@ -25,6 +25,10 @@ one fixed script learns the string, not the skill, so the oracle then behaves li
 - the analysis is written in one of several wordings per situation;
 - sometimes (``waste_prob``) it spends a step on a wasted query (the whole question, too broad)
   or a redundant one (re-checking the previous fact), then says so and asks the right one;
+- with ``plan`` (the default) its first analysis says how many facts the question needs, and
+  every found fact is counted off ("That is 1 of 2."), as a teacher that decomposes the question
+  before searching does: the student learns to decide from the question how far to go, instead of
+  making the same number of searches for every question;
 - when the sub-answer is not in the documents it rephrases and searches again
   (``max_retries`` per sub-question; de-duplication then shows the next passages of the ranking)
   before giving up, as long as the remaining steps (``max_steps``) still allow an answer.
@@ -64,6 +68,7 @@ class OracleVariety(Section):
     max_retries: int = Field(1, ge=0, description="rephrased searches per sub-question whose answer was not found")
     max_steps: int = Field(5, ge=1, description="the rollout's step cap: extra queries only when an answer still fits")
     paraphrase: bool = True
+    plan: bool = Field(True, description="state how many facts the question needs, then count them off as they are found")
 
 
 # ---- wordings ------------------------------------------------------------------------------------
@@ -72,7 +77,7 @@ _FIRST = (
     "The question depends on another fact. Let me look up: {sq}",
     "First I should find out {sq_l}",
     "I will start with the first unknown: {sq}",
-    "Before answering, I need one fact: {sq}",
+    "Before answering, I need this fact: {sq}",
 )
 _KNOWN = (
     "We found {ans}. ",
@@ -113,6 +118,17 @@ _AFTER_RECHECK = (
     "The documents confirm {ans}. ",
     "Confirmed: {ans}. ",
     "Yes, it is {ans}. ",
+)
+_PLAN = (
+    "This needs {n} {facts}. ",
+    "There {are} {n} {facts} to find. ",
+    "I count {n} {lookups} here. ",
+    "Plan: {n} {lookups}. ",
+)
+_PROGRESS = (
+    "That is {j} of {n}. ",
+    "Fact {j} of {n} found. ",
+    "{j} of {n} done. ",
 )
 _RETRY = (
     "The documents do not mention the answer to {sq!r}. Let me rephrase the search.",
@@ -268,6 +284,12 @@ class OracleBackend(PolicyBackend):
             lead = rng.choice(_AFTER_RECHECK).format(ans=dec[last.target]["answer"])
         elif last is not None and last.kind in ("ask", "retry") and action.kind not in ("retry", "give_up") and j > 0:
             lead = rng.choice(_KNOWN).format(ans=dec[j - 1]["answer"])
+            if self.variety is not None and self.variety.plan and dec:
+                lead += rng.choice(_PROGRESS).format(j=j, n=len(dec))
+        if i == 0 and self.variety is not None and self.variety.plan and dec and action.kind in ("ask", "waste_broad"):
+            n = len(dec)
+            lead = rng.choice(_PLAN).format(n=n, are="is" if n == 1 else "are", facts="fact" if n == 1 else "facts",
+                                            lookups="lookup" if n == 1 else "lookups")
         if action.kind == "ask":
             sq = dec[action.target]["question"]
             wording = _FIRST if i == 0 else _NEXT
