@@ -68,3 +68,26 @@ def test_checkpoint_is_whole_or_absent(tmp_path):
     assert fresh_opt.state_dict()["state"][0]["step"] == 1
     assert torch.equal(torch.rand(1), r)  # the RNG state saved at checkpoint time came back
     json.dumps(state)
+
+
+def test_time_budget_and_end_evaluation_are_wired_into_the_loop(tmp_path, monkeypatch):
+    import r3rag.train.rl.loop as loop
+    from tests.rl_helpers import QUESTIONS, tiny_cfg, tiny_trainer
+
+    def run(name, **train):
+        cfg = tiny_cfg("group_norm", iterations=3)
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update=train)})
+        t = tiny_trainer(cfg, tmp_path / name)
+        t._eval_questions = QUESTIONS[:2]
+        t.run()
+        steps = [r["step"] for r in read_records(tmp_path / name / "metrics.jsonl") if r["kind"] == "train"]
+        evals = sorted(p.name for p in (tmp_path / name / "eval").glob("step_*.jsonl")) if (tmp_path / name / "eval").is_dir() else []
+        return steps, evals
+
+    assert run("plain") == ([1, 2, 3], ["step_000003.jsonl"])
+    assert run("no-end-eval", eval_at_end=False) == ([1, 2, 3], [])
+    # the budget is judged by the last iteration's length: when the next one would not fit, stop now
+    calls = []
+    monkeypatch.setattr(loop, "next_iteration_fits", lambda elapsed, last, limit: calls.append(limit) or False)
+    assert run("budget", max_minutes=5.0) == ([1], ["step_000001.jsonl"])
+    assert calls == [5.0]

@@ -82,11 +82,13 @@ class TrainSection(Section):
     keep_checkpoints: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0, description="held-out evaluation every N iterations (0: only before and after)")
     eval_at_start: bool = True
+    eval_at_end: bool = Field(True, description="evaluate after the last iteration (false: only every eval_every iterations; "
+                              "for a pipeline whose own evaluation stage measures the final model)")
     progress: bool = True
     tensorboard: bool = True
     wandb_project: str | None = Field(None, description="log to W&B too (needs wandb installed)")
     plots: bool = True
-    max_minutes: float | None = Field(None, gt=0, description="stop (checkpoint, final model) after this much wall time")
+    max_minutes: float | None = Field(None, gt=0, description="training wall-time budget: no iteration starts that would end past it (judged by the last one's length); then checkpoint, final model")
 
 
 class EvalSection(Section):

@@ -77,6 +77,23 @@ def resolve_compute_dtype(name: str, device: str) -> torch.dtype:
     return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
 
 
+def next_iteration_fits(elapsed_s: float, last_iteration_s: float, max_minutes: float | None) -> bool:
+    """Whether another iteration, as long as the last one, still ends within ``max_minutes``
+    (``None``: no limit). The loop checks between iterations, so this is what keeps a run from
+    overrunning its budget by up to one iteration.
+
+    >>> next_iteration_fits(100.0, 100.0, 4)   # 200 s <= 240 s
+    True
+    >>> next_iteration_fits(150.0, 100.0, 4)   # 250 s > 240 s: stop now
+    False
+    >>> next_iteration_fits(1e9, 1.0, None)
+    True
+    """
+    if max_minutes is None:
+        return True
+    return elapsed_s + last_iteration_s <= max_minutes * 60
+
+
 class DataOrder:
     """Question ``k`` of the whole run is ``perm_e[k % n]`` with ``e = k // n`` and ``perm_e`` a
     permutation seeded by ``(seed, e)``: each epoch visits every question once, in a new order."""
@@ -177,7 +194,7 @@ class RLTrainer:
                 self._questions = train_ds.questions
             if self._retriever is None:
                 self._retriever = load_retriever(cfg.retriever, train_ds)
-        if self._eval_questions is None and (cfg.train.eval_every or cfg.train.eval_at_start or cfg.train.iterations):
+        if self._eval_questions is None and (cfg.train.eval_every or cfg.train.eval_at_start or cfg.train.eval_at_end):
             from r3rag.evaluation.datasets import resolve_dataset
 
             self._eval_questions = resolve_dataset(cfg.eval.dataset).questions
@@ -226,20 +243,23 @@ class RLTrainer:
         from tqdm import tqdm
 
         t_begin = time.perf_counter()
-        budget = f" (stops after {cfg.train.max_minutes:g} min)" if cfg.train.max_minutes is not None else ""
+        budget = f" (stops within {cfg.train.max_minutes:g} min)" if cfg.train.max_minutes is not None else ""
         bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"rl {self.out.name}{budget}", unit="it", disable=not cfg.train.progress)
         try:
             if start == 0 and cfg.train.eval_at_start and self.eval_questions:
                 self._evaluate(0)
             completed = start
             for it in range(start, cfg.train.iterations):
+                t_iter = time.perf_counter()
                 rec = self.iteration(it)
                 if self.last_checkpoint_s is not None:  # the save that ended the previous iteration
                     rec["time/checkpoint"], self.last_checkpoint_s = self.last_checkpoint_s, None
                 completed = it + 1
                 last = completed == cfg.train.iterations
-                out_of_time = cfg.train.max_minutes is not None and (time.perf_counter() - t_begin) / 60 >= cfg.train.max_minutes
-                if self.eval_questions and ((cfg.train.eval_every and completed % cfg.train.eval_every == 0) or last or out_of_time):
+                now = time.perf_counter()
+                out_of_time = not next_iteration_fits(now - t_begin, now - t_iter, cfg.train.max_minutes)
+                at_end = cfg.train.eval_at_end and (last or out_of_time)
+                if self.eval_questions and ((cfg.train.eval_every and completed % cfg.train.eval_every == 0) or at_end):
                     rec.update(self._evaluate(completed, log=False))
                 self.log.write(rec)
                 bar.update(1)
