@@ -12,6 +12,11 @@ The last line printed is a one-line JSON summary.
     python benchmark/perf/decode.py --quick        # tiny random model (seconds)
     python benchmark/perf/decode.py                # SmolLM2-135M, every core
     python benchmark/perf/decode.py --threads 1
+    python benchmark/perf/decode.py --model runs/quickstart/sft --dtype bfloat16 --batches 32 --context 650 --profile 8
+
+``--profile N`` also runs the largest batch's timed decode steps under ``torch.profiler`` and prints
+the N operators with the most CPU time (where a decode step goes: attention kernel, matrix
+products, cache copies).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ def main() -> int:
     p.add_argument("--batches", default="1,8,16,32", help="batch sizes, comma-separated (default: %(default)s)")
     p.add_argument("--context", type=int, default=400, help="context tokens per row (default: %(default)s)")
     p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch size (default: %(default)s)")
+    p.add_argument("--dtype", default="float32", help="model dtype: float32 | bfloat16 (default: %(default)s)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile the largest batch's decode steps and print the top N operators by CPU time")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="torch threads (default: the cores this process may use, %(default)s here)")
     args = p.parse_args()
@@ -51,7 +59,7 @@ def main() -> int:
         model, name = build_tiny_model(build_tiny_tokenizer()), "tiny"
         args.context, args.steps = min(args.context, 64), min(args.steps, 4)
     else:
-        model, _ = load_model(args.model)
+        model, _ = load_model(args.model, dtype=args.dtype)
         name = Path(args.model).name
     vocab = model.config.vocab_size
     import inspect
@@ -86,6 +94,13 @@ def main() -> int:
                 step()
             ms = (time.perf_counter() - t) * 1000 / args.steps
             rows[B] = {"ms_per_step": round(ms, 2), "ms_per_token": round(ms / B, 2)}
+            if args.profile and B == batches[-1]:
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(args.steps):
+                        step()
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
     base = rows[1]["ms_per_token"]
     for B in batches:
         rows[B]["speedup_vs_b1"] = round(base / rows[B]["ms_per_token"], 2)
@@ -93,7 +108,7 @@ def main() -> int:
               f"= {rows[B]['speedup_vs_b1']:.2f}x batch 1; prefill {prefill[B]:.2f} ms/token")
     big = batches[-1]
     print(json.dumps({
-        "benchmark": "decode", "quick": args.quick, "model": name, "threads": args.threads,
+        "benchmark": "decode", "quick": args.quick, "model": name, "dtype": args.dtype, "threads": args.threads,
         "context": args.context, "steps": args.steps, "decode": {str(b): rows[b] for b in batches},
         "decode_speedup_largest_batch": rows[big]["speedup_vs_b1"],
         "prefill_ms_per_token": {"1": round(prefill[1], 2), str(big): round(prefill[big], 2)},
