@@ -242,12 +242,12 @@ class RLTrainer:
                               cfg.model_dump(mode="json"))
         from tqdm import tqdm
 
-        t_begin = time.perf_counter()
         budget = f" (stops within {cfg.train.max_minutes:g} min)" if cfg.train.max_minutes is not None else ""
         bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"rl {self.out.name}{budget}", unit="it", disable=not cfg.train.progress)
         try:
             if start == 0 and cfg.train.eval_at_start and self.eval_questions:
                 self._evaluate(0)
+            t_begin = time.perf_counter()  # the budget is for training: the evaluation before it is not counted
             completed = start
             for it in range(start, cfg.train.iterations):
                 t_iter = time.perf_counter()
