@@ -109,7 +109,8 @@ def main() -> int:
         for dtype in [d.strip() for d in args.dtype.split(",") if d.strip()]:
             model, tok = load_model(model_path, dtype=dtype)
             for batch in [int(b) for b in args.batch.split(",")]:
-                hf = HFBackend(model, tok, max_batch_size=args.rows or batch)
+                rows_per_pass = args.rows or batch
+                hf = HFBackend(model, tok, max_batch_size=rows_per_pass)
                 fmt = get_format(rollout.format, mode=rollout.mode, tokenizer=tok, prompt_variant=rollout.prompt_variant)
                 backend = ForcedBackend(hf, OracleBackend(questions, fmt, tok)) if policy == "forced-oracle" else hf
                 retriever = RetrievalClient([handle.url])
@@ -124,7 +125,7 @@ def main() -> int:
                 st, fw = engine.stats.to_dict(), timer.summary()
                 n = len(trajs)
                 row = {
-                    "dtype": dtype, "batch": batch, "rows": args.rows or batch, "questions": n, "wall_s": round(wall, 2), "s_per_q": round(wall / n, 3),
+                    "dtype": dtype, "batch": batch, "rows": rows_per_pass, "questions": n, "wall_s": round(wall, 2), "s_per_q": round(wall / n, 3),
                     "projected_300_s": round(300 * wall / n, 1), "cpu_s": round(cpu, 2), "cpu_s_per_q": round(cpu / n, 3),
                     "load_avg_1min": os.getloadavg()[0],
                     "retrievals_per_q": round(sum(t.num_retrievals for t in trajs) / n, 2),

@@ -277,6 +277,7 @@ class OracleBackend(PolicyBackend):
 
     def _render(self, q: Question, i: int, action: _Action, last: _Action | None, j: int, rng: random.Random) -> str:
         dec = q.metadata.get("decomposition") or []
+        plan = self.variety is not None and self.variety.plan and bool(dec)
         lead = ""
         if last is not None and last.kind == "waste_broad":
             lead = rng.choice(_AFTER_BROAD)
@@ -284,9 +285,9 @@ class OracleBackend(PolicyBackend):
             lead = rng.choice(_AFTER_RECHECK).format(ans=dec[last.target]["answer"])
         elif last is not None and last.kind in ("ask", "retry") and action.kind not in ("retry", "give_up") and j > 0:
             lead = rng.choice(_KNOWN).format(ans=dec[j - 1]["answer"])
-            if self.variety is not None and self.variety.plan and dec:
+            if plan:
                 lead += rng.choice(_PROGRESS).format(j=j, n=len(dec))
-        if i == 0 and self.variety is not None and self.variety.plan and dec and action.kind in ("ask", "waste_broad"):
+        if i == 0 and plan and action.kind == "ask":  # step 0 is always an ask (wastes come later)
             n = len(dec)
             lead = rng.choice(_PLAN).format(n=n, are="is" if n == 1 else "are", facts="fact" if n == 1 else "facts",
                                             lookups="lookup" if n == 1 else "lookups")
