@@ -119,6 +119,22 @@ def test_a_stage_whose_inputs_are_missing_is_one_clear_error(tmp_path):
         run_pipeline(_ctx(tmp_path), _counting_stages(calls, {}), ["x"])
 
 
+def test_evaluating_a_checkpoint_that_was_never_trained_names_both_ways_out(tmp_path):
+    from r3rag.pipeline.stages import checkpoint_of, eval_runs
+    from r3rag.pipeline.state import PipelineState
+
+    ctx = _ctx(tmp_path, stages=["world", "index", "sft", "rl", "eval"], eval={"base_methods": ["rag"]})
+    assert [r["name"] for r in eval_runs(ctx)] == ["base-rag", "sft", "rl"]
+    sft = ctx.work / "sft" / "final"
+    sft.mkdir(parents=True)
+    PipelineState(ctx.work).mark_done("sft", "fp", {"checkpoint": str(sft)}, 1.0)
+    assert checkpoint_of(ctx, "sft") == str(sft)
+    with pytest.raises(ConfigError, match=r"no rl checkpoint .*--stages rl first.*--set rl\.enabled=false"):
+        checkpoint_of(ctx, "rl")
+    ctx.cfg.rl.enabled = False  # what --set rl.enabled=false does: RL leaves the evaluation
+    assert [r["name"] for r in eval_runs(ctx)] == ["base-rag", "sft"]
+
+
 def test_parse_stages_prefixes_ranges_and_subsets():
     assert parse_stages("world-sft") == ["world", "index", "coldstart", "sft"]
     assert parse_stages("report,eval") == ["eval", "report"]

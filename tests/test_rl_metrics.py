@@ -91,3 +91,43 @@ def test_time_budget_and_end_evaluation_are_wired_into_the_loop(tmp_path, monkey
     monkeypatch.setattr(loop, "next_iteration_fits", lambda elapsed, last, limit: calls.append(limit) or False)
     assert run("budget", max_minutes=5.0) == ([1], ["step_000001.jsonl"])
     assert calls == [5.0]
+
+
+def test_a_run_stopped_for_time_stays_stopped_after_a_kill(tmp_path, monkeypatch):
+    """The budget spans kills: the checkpoint keeps the training time spent and the last
+    iteration's length, and a rerun judges the next iteration with them instead of starting a
+    fresh budget (which once trained a stopped run for another 15 minutes)."""
+    import shutil
+
+    import r3rag.train.rl.loop as loop
+    from tests.rl_helpers import tiny_cfg, tiny_trainer
+
+    seen, fits = [], {"answer": False}
+    monkeypatch.setattr(loop, "next_iteration_fits", lambda elapsed, last, limit: seen.append((elapsed, last, limit)) or fits["answer"])
+    cfg = tiny_cfg("group_norm", iterations=3)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_minutes": 5.0})})
+    out = tmp_path / "run"
+
+    def train_steps():
+        return [r["step"] for r in read_records(out / "metrics.jsonl") if r["kind"] == "train"]
+
+    def killed_before_the_final_folder():
+        shutil.rmtree(out / "final")
+        (out / "DONE").unlink()
+        seen.clear()
+
+    tiny_trainer(cfg, out).run()
+    state = json.loads((latest_checkpoint(out) / "state.json").read_text())
+    assert train_steps() == [1] and state["completed"] == 1
+    assert state["train_s"] >= state["last_iteration_s"] > 0
+    killed_before_the_final_folder()
+    tiny_trainer(cfg, out).run()
+    assert seen == [(state["train_s"], state["last_iteration_s"], 5.0)]  # judged once, with the saved times
+    assert train_steps() == [1] and (out / "final" / "config.json").is_file()
+    # a raised budget (here: the check says it fits) goes on, the time already spent still counted
+    killed_before_the_final_folder()
+    fits["answer"] = True
+    tiny_trainer(cfg, out).run()
+    assert train_steps() == [1, 2, 3]
+    assert seen[0] == (state["train_s"], state["last_iteration_s"], 5.0)
+    assert seen[1][0] > state["train_s"]  # elapsed after the first resumed iteration includes the earlier training

@@ -108,7 +108,8 @@ def checkpoint_of(ctx: Context, stage: str) -> str:
     marker = PipelineState(ctx.work).get(stage)
     ckpt = (marker or {}).get("summary", {}).get("checkpoint")
     if not ckpt or not Path(ckpt).exists():
-        raise ConfigError(f"no {stage} checkpoint in {ctx.work}: run --stages {stage} first")
+        raise ConfigError(f"no {stage} checkpoint in {ctx.work}: run --stages {stage} first, "
+                          f"or leave it out of the evaluation with --set {stage}.enabled=false")
     return str(ckpt)
 
 

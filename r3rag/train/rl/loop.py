@@ -233,11 +233,14 @@ class RLTrainer:
         self._build()
         cfg = self.cfg
         (self.out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
-        start = 0
+        start, trained_s, last_iter_s = 0, 0.0, 0.0
         ckpt = latest_checkpoint(self.out)
         if ckpt is not None:
             state = load_checkpoint(ckpt, self._objects(), map_location=self.device)
             start = int(state["completed"])
+            # the time budget spans kills: training time before the kill counts, and a run that
+            # stopped for time stays stopped (unless train.max_minutes was raised since)
+            trained_s, last_iter_s = float(state.get("train_s", 0.0)), float(state.get("last_iteration_s", 0.0))
         self.log = MetricsLog(self.out, start, cfg.train.tensorboard, cfg.train.wandb_project, self.out.name,
                               cfg.model_dump(mode="json"))
         from tqdm import tqdm
@@ -247,9 +250,10 @@ class RLTrainer:
         try:
             if start == 0 and cfg.train.eval_at_start and self.eval_questions:
                 self._evaluate(0)
-            t_begin = time.perf_counter()  # the budget is for training: the evaluation before it is not counted
+            t_begin = time.perf_counter() - trained_s  # the budget is for training: the evaluation before it is not counted
             completed = start
-            for it in range(start, cfg.train.iterations):
+            resumed_out_of_time = start > 0 and not next_iteration_fits(trained_s, last_iter_s, cfg.train.max_minutes)
+            for it in range(start, cfg.train.iterations if not resumed_out_of_time else start):
                 t_iter = time.perf_counter()
                 rec = self.iteration(it)
                 if self.last_checkpoint_s is not None:  # the save that ended the previous iteration
@@ -265,7 +269,7 @@ class RLTrainer:
                 bar.update(1)
                 bar.set_postfix(reward=f"{rec.get('reward/total', 0):.3f}", **({"em": rec["eval/em"]} if "eval/em" in rec else {}))
                 if completed % cfg.train.checkpoint_every == 0 or last or out_of_time:
-                    self._checkpoint(completed)
+                    self._checkpoint(completed, train_s=now - t_begin, last_iteration_s=now - t_iter)
                 if out_of_time:
                     break
         finally:
@@ -276,10 +280,11 @@ class RLTrainer:
         (self.out / DONE).write_text("done\n", encoding="utf-8")
         return final
 
-    def _checkpoint(self, completed: int) -> None:
+    def _checkpoint(self, completed: int, train_s: float, last_iteration_s: float) -> None:
         t = time.perf_counter()
         save_checkpoint(self.out, completed, self._objects(), {"seed": self.cfg.train.seed, "questions": len(self.questions),
-                        "per_iter": self.cfg.train.questions_per_iter}, keep=self.cfg.train.keep_checkpoints)
+                        "per_iter": self.cfg.train.questions_per_iter, "train_s": round(train_s, 3),
+                        "last_iteration_s": round(last_iteration_s, 3)}, keep=self.cfg.train.keep_checkpoints)
         self.last_checkpoint_s = time.perf_counter() - t
 
     def _report(self) -> None:
