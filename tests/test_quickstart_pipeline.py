@@ -135,6 +135,36 @@ def test_evaluating_a_checkpoint_that_was_never_trained_names_both_ways_out(tmp_
     assert [r["name"] for r in eval_runs(ctx)] == ["base-rag", "sft"]
 
 
+def test_a_finished_training_stage_leaves_its_final_model_not_its_resume_checkpoints(tmp_path):
+    from r3rag.pipeline.training import drop_resume_checkpoints
+
+    ctx = _ctx(tmp_path)
+    made = ["sft/checkpoint-25/optimizer.pt", "sft/checkpoint-50/optimizer.pt", "sft/model.safetensors",
+            "sft/trainer_log.jsonl", "rl/checkpoints/iter_000005/policy.pt", "rl/stage2/checkpoints/iter_000003/policy.pt",
+            "rl/final/model.safetensors", "rl/metrics.jsonl"]
+    for rel in made:
+        (ctx.work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ctx.work / rel).write_text("x")
+    left = lambda: sorted(str(p.relative_to(ctx.work)) for p in ctx.work.rglob("*") if p.is_file())  # noqa: E731
+    ctx.cfg.sft.keep_resume_checkpoints = ctx.cfg.rl.keep_resume_checkpoints = True
+    assert drop_resume_checkpoints(ctx, "sft") == drop_resume_checkpoints(ctx, "rl") == []
+    assert left() == sorted(made)
+    ctx.cfg.sft.keep_resume_checkpoints = ctx.cfg.rl.keep_resume_checkpoints = False
+    assert [p.name for p in drop_resume_checkpoints(ctx, "sft")] == ["checkpoint-25", "checkpoint-50"]
+    assert len(drop_resume_checkpoints(ctx, "rl")) == 2  # every RL stage's checkpoints/
+    assert left() == ["rl/final/model.safetensors", "rl/metrics.jsonl", "sft/model.safetensors", "sft/trainer_log.jsonl"]
+
+
+def test_after_done_runs_once_the_stage_is_marked_done_and_not_on_a_skip(tmp_path):
+    seen: list[bool] = []
+    ctx = _ctx(tmp_path)
+    stages = [Stage("a", "first", lambda ctx: {"line": "a"},
+                    after_done=lambda ctx: seen.append(PipelineState(ctx.work).is_done("a", ctx.fingerprints["a"])))]
+    run_pipeline(ctx, stages, ["a"])
+    run_pipeline(ctx, stages, ["a"])  # skipped: nothing to clean again
+    assert seen == [True]
+
+
 def test_parse_stages_prefixes_ranges_and_subsets():
     assert parse_stages("world-sft") == ["world", "index", "coldstart", "sft"]
     assert parse_stages("report,eval") == ["eval", "report"]

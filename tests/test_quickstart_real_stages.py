@@ -132,6 +132,7 @@ def test_the_real_stages_run_resume_after_sigkill_and_feed_each_other(tmp_path, 
     # SIGKILL in the middle of RL (after some iterations were logged), then in the evaluation
     _run_and_kill(preset, lambda: sum(r.get("kind") == "train" for r in jsonl(work / "rl" / "metrics.jsonl")) >= 2, "rl")
     assert done("sft") and not done("rl")
+    assert list((work / "rl" / "checkpoints").glob("iter_*")), "RL wrote no resume checkpoint before the kill"
     _run_and_kill(preset, lambda: len(jsonl(work / "eval" / "sft" / "predictions.jsonl")) >= 1, "eval")
     assert done("rl") and not done("eval")
 
@@ -149,6 +150,8 @@ def test_the_real_stages_run_resume_after_sigkill_and_feed_each_other(tmp_path, 
     assert f"path: {(work / 'sft').resolve()}" in rl_cfg  # RL started from the SFT checkpoint
     steps = [r_["step"] for r_ in jsonl(work / "rl" / "metrics.jsonl") if r_.get("kind") == "train"]
     assert steps == list(range(1, 31)), steps  # resumed: no iteration lost or repeated
+    # finished stages keep their final models and drop their resume checkpoints (GBs each at full size)
+    assert not list((work / "sft").glob("checkpoint-*")) and not (work / "rl" / "checkpoints").exists()
     results = {d.name: json.loads((d / "results.json").read_text()) for d in (work / "eval").iterdir()}
     assert results["sft"]["model"] == str((work / "sft").resolve())
     assert results["rl"]["model"] == str((work / "rl" / "final").resolve())

@@ -39,6 +39,9 @@ class TrainStageSection(Section):
     set: list[str] = Field(default_factory=list, description="extra --set overrides passed to the stage's program")
     timeout_s: float | None = Field(None, gt=0, description="give up on the stage after this many seconds")
     out_arg: str = Field("--out", description="how the program is told its output folder: a flag, or a config key set with --set")
+    keep_resume_checkpoints: bool = Field(
+        False, description="keep the stage's resume checkpoints once it has finished (SmolLM2 with its optimizer "
+        "state: about 1.6 GB each; the final model is always kept)")
 
 
 class ColdstartSection(TrainStageSection):

@@ -57,6 +57,8 @@ class Stage:
     #: checked before any stage runs, when this stage is going to run: raise a ConfigError for what
     #: would make it fail late (a missing environment), so nothing before it is spent in vain
     preflight: Callable[["Context"], None] | None = None
+    #: run once the stage is marked done (a kill before it only leaves something behind)
+    after_done: Callable[["Context"], None] | None = None
 
 
 @dataclass
@@ -195,6 +197,8 @@ def run_pipeline(ctx: Context, stages: Sequence[Stage], wanted: Sequence[str], r
                 elapsed = time.perf_counter() - t0
                 if not stage.always:
                     state.mark_done(stage.name, fp, summary, elapsed)
+                if stage.after_done is not None:
+                    stage.after_done(ctx)
                 note = summary.get("line", "")
                 ctx.echo(f"{head} done in {_fmt_s(elapsed)}" + (f": {note}" if note else ""))
                 outcome[stage.name] = {"status": "ran", "elapsed_s": round(elapsed, 2), "summary": summary}

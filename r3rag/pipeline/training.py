@@ -12,6 +12,7 @@ and decides whether it is usable (:mod:`r3rag.pipeline.checks`); an unusable sta
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from r3rag.pipeline.runner import Context
 
 
 def _dump(ctx: Context, name: str) -> Any:
-    return ctx.cfg.model_dump(mode="json")[name]
+    section = ctx.cfg.model_dump(mode="json")[name]
+    section.pop("keep_resume_checkpoints", None)  # changes what is left on disk, not what the stage made
+    return section
 
 
 def coldstart_settings(ctx: Context) -> Any:
@@ -73,6 +76,22 @@ def _run_stage_program(ctx: Context, name: str, section: TrainStageSection, wiri
     cmd = _program(ctx, section, out, wiring)
     run_child(cmd, log_path=out / "pipeline.log", cwd=ctx.repo_root, timeout_s=section.timeout_s, echo=ctx.echo_children)
     return out
+
+
+RESUME_CHECKPOINTS = {"sft": "checkpoint-*", "rl": "**/checkpoints"}  # LLaMA-Factory's; the RL trainer's (each stage's)
+
+
+def drop_resume_checkpoints(ctx: Context, name: str) -> list[Path]:
+    """Once a training stage is done, its resume checkpoints are dead weight (SmolLM2 with the
+    optimizer state: about 1.6 GB each; a few seeds' runs filled a 100 GB disk): remove them unless
+    ``<stage>.keep_resume_checkpoints``. The final model and the logs stay. Returns what was removed."""
+    if getattr(ctx.cfg, name).keep_resume_checkpoints:
+        return []
+    out = ctx.work / name
+    gone = [p for p in sorted(out.glob(RESUME_CHECKPOINTS[name])) if p.is_dir()]
+    for p in gone:
+        shutil.rmtree(p)
+    return gone
 
 
 def run_coldstart(ctx: Context) -> dict[str, Any]:
