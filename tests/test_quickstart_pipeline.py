@@ -145,14 +145,36 @@ def test_a_finished_training_stage_leaves_its_final_model_not_its_resume_checkpo
     for rel in made:
         (ctx.work / rel).parent.mkdir(parents=True, exist_ok=True)
         (ctx.work / rel).write_text("x")
-    left = lambda: sorted(str(p.relative_to(ctx.work)) for p in ctx.work.rglob("*") if p.is_file())  # noqa: E731
+    left = lambda: sorted(str(p.relative_to(ctx.work)) for p in ctx.work.rglob("*") if p.is_file() and ".done" not in p.parts)  # noqa: E731
     ctx.cfg.sft.keep_resume_checkpoints = ctx.cfg.rl.keep_resume_checkpoints = True
     assert drop_resume_checkpoints(ctx, "sft") == drop_resume_checkpoints(ctx, "rl") == []
     assert left() == sorted(made)
     ctx.cfg.sft.keep_resume_checkpoints = ctx.cfg.rl.keep_resume_checkpoints = False
-    assert [p.name for p in drop_resume_checkpoints(ctx, "sft")] == ["checkpoint-25", "checkpoint-50"]
+    # the model the stage recorded as its output is never removed, even inside a checkpoint folder
+    PipelineState(ctx.work).mark_done("sft", "fp", {"checkpoint": str(ctx.work / "sft" / "checkpoint-50")}, 1.0)
+    assert [p.name for p in drop_resume_checkpoints(ctx, "sft")] == ["checkpoint-25"]
+    PipelineState(ctx.work).mark_done("sft", "fp", {"checkpoint": str(ctx.work / "sft")}, 1.0)
+    assert [p.name for p in drop_resume_checkpoints(ctx, "sft")] == ["checkpoint-50"]
     assert len(drop_resume_checkpoints(ctx, "rl")) == 2  # every RL stage's checkpoints/
     assert left() == ["rl/final/model.safetensors", "rl/metrics.jsonl", "sft/model.safetensors", "sft/trainer_log.jsonl"]
+
+
+def test_a_checkpoint_cleanup_that_fails_is_a_warning_not_a_crash(tmp_path, monkeypatch):
+    from r3rag.pipeline import training
+
+    ctx = _ctx(tmp_path)
+    (ctx.work / "rl" / "checkpoints" / "iter_000001").mkdir(parents=True)
+
+    def refuse(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(training.shutil, "rmtree", refuse)
+    training.clean_after("rl")(ctx)
+    assert any("could not delete" in line and "Permission denied" in line for line in ctx.lines)
+    monkeypatch.undo()
+    training.clean_after("rl")(ctx)
+    assert "deleted 1 resume checkpoint folder(s)" in ctx.lines[-1]
+    assert not (ctx.work / "rl" / "checkpoints").exists()
 
 
 def test_after_done_runs_once_the_stage_is_marked_done_and_not_on_a_skip(tmp_path):

@@ -130,4 +130,12 @@ def test_a_run_stopped_for_time_stays_stopped_after_a_kill(tmp_path, monkeypatch
     tiny_trainer(cfg, out).run()
     assert train_steps() == [1, 2, 3]
     assert seen[0] == (state["train_s"], state["last_iteration_s"], 5.0)
-    assert seen[1][0] > state["train_s"]  # elapsed after the first resumed iteration includes the earlier training
+    assert seen[1][0] >= state["train_s"] + seen[1][1]  # elapsed after the first resumed iteration includes the earlier training
+    # a checkpoint written before these keys existed: a fresh budget, as before
+    state_file = latest_checkpoint(out) / "state.json"
+    old = {k: v for k, v in json.loads(state_file.read_text()).items() if k not in ("train_s", "last_iteration_s")}
+    state_file.write_text(json.dumps(old))
+    killed_before_the_final_folder()
+    fits["answer"] = False
+    tiny_trainer(cfg, out).run()
+    assert seen == [(0.0, 0.0, 5.0)]

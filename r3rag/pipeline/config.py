@@ -39,9 +39,6 @@ class TrainStageSection(Section):
     set: list[str] = Field(default_factory=list, description="extra --set overrides passed to the stage's program")
     timeout_s: float | None = Field(None, gt=0, description="give up on the stage after this many seconds")
     out_arg: str = Field("--out", description="how the program is told its output folder: a flag, or a config key set with --set")
-    keep_resume_checkpoints: bool = Field(
-        False, description="keep the stage's resume checkpoints once it has finished (SmolLM2 with its optimizer "
-        "state: about 1.6 GB each; the final model is always kept)")
 
 
 class ColdstartSection(TrainStageSection):
@@ -56,6 +53,9 @@ class SftSection(TrainStageSection):
     out_arg: str = "output_dir"
     config: str | None = "configs/sft/world-smollm2-cpu.yaml"
     require_loss_drop: bool = Field(True, description="fail the stage when the training loss did not fall")
+    keep_resume_checkpoints: bool = Field(
+        False, description="keep the stage's resume checkpoints once it has finished (SmolLM2 with its optimizer "
+        "state: about 1.6 GB each; the final model is always kept)")
 
 
 class RlSection(TrainStageSection):
@@ -63,6 +63,9 @@ class RlSection(TrainStageSection):
     config: str | None = "configs/rl/world_sft_grpo.yaml"
     monitor_split: str = Field("test", description="world split RL evaluates on while training (not eval.split)")
     require_signal: bool = Field(True, description="fail the stage when the reward stayed flat and every group was filtered")
+    keep_resume_checkpoints: bool = Field(
+        False, description="keep the stage's resume checkpoints once it has finished (SmolLM2 with its optimizer "
+        "state: about 1.6 GB each; the final model is always kept)")
 
 
 class EvalSection(Section):

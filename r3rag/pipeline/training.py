@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from r3rag.errors import ConfigError
 from r3rag.pipeline import checks
@@ -85,13 +85,35 @@ def drop_resume_checkpoints(ctx: Context, name: str) -> list[Path]:
     """Once a training stage is done, its resume checkpoints are dead weight (SmolLM2 with the
     optimizer state: about 1.6 GB each; a few seeds' runs filled a 100 GB disk): remove them unless
     ``<stage>.keep_resume_checkpoints``. The final model and the logs stay. Returns what was removed."""
+    from r3rag.pipeline.state import PipelineState
+
     if getattr(ctx.cfg, name).keep_resume_checkpoints:
         return []
     out = ctx.work / name
-    gone = [p for p in sorted(out.glob(RESUME_CHECKPOINTS[name])) if p.is_dir()]
+    recorded = ((PipelineState(ctx.work).get(name) or {}).get("summary") or {}).get("checkpoint")
+    model = Path(recorded).resolve() if recorded else None
+    gone = [p for p in sorted(out.glob(RESUME_CHECKPOINTS[name]))
+            if p.is_dir() and not p.is_symlink() and not (model is not None and (model == p.resolve() or p.resolve() in model.parents))]
     for p in gone:
         shutil.rmtree(p)
     return gone
+
+
+def clean_after(name: str) -> Callable[[Context], None]:
+    """The stage's ``after_done``: drop its resume checkpoints and say so; a failure to delete is a
+    warning (the stage is done either way), not a crash."""
+
+    def after_done(ctx: Context) -> None:
+        try:
+            gone = drop_resume_checkpoints(ctx, name)
+        except OSError as err:
+            ctx.echo(f"          {name}: could not delete its resume checkpoints ({err}); the stage is done, delete them by hand")
+            return
+        if gone:
+            ctx.echo(f"          {name}: deleted {len(gone)} resume checkpoint folder(s) (the final model stays; "
+                     f"--set {name}.keep_resume_checkpoints=true keeps them)")
+
+    return after_done
 
 
 def run_coldstart(ctx: Context) -> dict[str, Any]:

@@ -253,6 +253,10 @@ class RLTrainer:
             t_begin = time.perf_counter() - trained_s  # the budget is for training: the evaluation before it is not counted
             completed = start
             resumed_out_of_time = start > 0 and not next_iteration_fits(trained_s, last_iter_s, cfg.train.max_minutes)
+            if resumed_out_of_time:
+                bar.write(f"resumed after {start} iterations and {trained_s / 60:.1f} min of training: another "
+                          f"iteration ({last_iter_s:.0f} s) would not fit in train.max_minutes={cfg.train.max_minutes:g}; "
+                          "writing the final model")
             for it in range(start, cfg.train.iterations if not resumed_out_of_time else start):
                 t_iter = time.perf_counter()
                 rec = self.iteration(it)
