@@ -41,6 +41,14 @@ class TrainStageSection(Section):
     out_arg: str = Field("--out", description="how the program is told its output folder: a flag, or a config key set with --set")
 
 
+class CheckpointingStageSection(TrainStageSection):
+    """A training stage that writes resume checkpoints beside its final model (SFT, RL)."""
+
+    keep_resume_checkpoints: bool = Field(
+        False, description="keep the stage's resume checkpoints once it has finished (SmolLM2 with its optimizer "
+        "state: about 1.6 GB each; the final model is always kept)")
+
+
 class ColdstartSection(TrainStageSection):
     script: str = "train/build_coldstart.py"
     config: str | None = "configs/coldstart/world-oracle.yaml"
@@ -48,24 +56,18 @@ class ColdstartSection(TrainStageSection):
     min_kept: int = Field(1, ge=1, description="fewer kept trajectories than this: the stage produced nothing usable")
 
 
-class SftSection(TrainStageSection):
+class SftSection(CheckpointingStageSection):
     script: str = "train/sft.py"
     out_arg: str = "output_dir"
     config: str | None = "configs/sft/world-smollm2-cpu.yaml"
     require_loss_drop: bool = Field(True, description="fail the stage when the training loss did not fall")
-    keep_resume_checkpoints: bool = Field(
-        False, description="keep the stage's resume checkpoints once it has finished (SmolLM2 with its optimizer "
-        "state: about 1.6 GB each; the final model is always kept)")
 
 
-class RlSection(TrainStageSection):
+class RlSection(CheckpointingStageSection):
     script: str = "train/rl.py"
     config: str | None = "configs/rl/world_sft_grpo.yaml"
     monitor_split: str = Field("test", description="world split RL evaluates on while training (not eval.split)")
     require_signal: bool = Field(True, description="fail the stage when the reward stayed flat and every group was filtered")
-    keep_resume_checkpoints: bool = Field(
-        False, description="keep the stage's resume checkpoints once it has finished (SmolLM2 with its optimizer "
-        "state: about 1.6 GB each; the final model is always kept)")
 
 
 class EvalSection(Section):

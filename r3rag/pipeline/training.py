@@ -91,9 +91,8 @@ def drop_resume_checkpoints(ctx: Context, name: str) -> list[Path]:
         return []
     out = ctx.work / name
     recorded = ((PipelineState(ctx.work).get(name) or {}).get("summary") or {}).get("checkpoint")
-    model = Path(recorded).resolve() if recorded else None
-    gone = [p for p in sorted(out.glob(RESUME_CHECKPOINTS[name]))
-            if p.is_dir() and not p.is_symlink() and not (model is not None and (model == p.resolve() or p.resolve() in model.parents))]
+    keep = {Path(recorded).resolve(), *Path(recorded).resolve().parents} if recorded else set()  # the stage's model
+    gone = [p for p in sorted(out.glob(RESUME_CHECKPOINTS[name])) if p.is_dir() and not p.is_symlink() and p.resolve() not in keep]
     for p in gone:
         shutil.rmtree(p)
     return gone

@@ -257,7 +257,8 @@ class RLTrainer:
                 bar.write(f"resumed after {start} iterations and {trained_s / 60:.1f} min of training: another "
                           f"iteration ({last_iter_s:.0f} s) would not fit in train.max_minutes={cfg.train.max_minutes:g}; "
                           "writing the final model")
-            for it in range(start, cfg.train.iterations if not resumed_out_of_time else start):
+            end = start if resumed_out_of_time else cfg.train.iterations
+            for it in range(start, end):
                 t_iter = time.perf_counter()
                 rec = self.iteration(it)
                 if self.last_checkpoint_s is not None:  # the save that ended the previous iteration
