@@ -495,3 +495,69 @@ def test_a_missing_llamafactory_env_is_reported_before_anything_runs(tmp_path, m
     assert not (ctx.work / "world").exists()  # nothing ran
     run_pipeline(ctx, build_stages(ctx.cfg), ["world"])  # stages that do not need it still run
     assert PipelineState(ctx.work).is_done("world")
+
+
+def test_an_unfinished_llamafactory_env_is_reported_before_anything_runs(tmp_path, monkeypatch):
+    """A quickstart started while train/envs/llamafactory.sh is still installing (python there,
+    the CUDA torchvision not yet removed) once failed inside LLaMA-Factory a minute later."""
+    from r3rag.pipeline.stages import build_stages
+    from r3rag.pipeline.training import LLAMAFACTORY_STAMP
+
+    venv = tmp_path / "half-built"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    monkeypatch.setenv("R3RAG_LLAMAFACTORY_VENV", str(venv))
+    ctx = _ctx(tmp_path, world={"size": "tiny", "clusters": 10, "questions_per_cluster": 2})
+    with pytest.raises(ConfigError, match=f"half-built is not finished .*{LLAMAFACTORY_STAMP} missing.*still being created"):
+        run_pipeline(ctx, build_stages(ctx.cfg), ["world", "index", "coldstart", "sft"])
+    assert not (ctx.work / "world").exists()
+    (venv / LLAMAFACTORY_STAMP).write_text("created\n")
+    from r3rag.pipeline.training import sft_preflight
+
+    sft_preflight(ctx)  # finished: no error
+
+
+def test_a_stage_resumed_after_a_failure_reports_its_time_over_both_runs(tmp_path):
+    calls = {"n": 0}
+
+    def flaky(ctx: Context) -> dict:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            time.sleep(0.4)
+            raise RuntimeError("the machine went away")
+        return {"line": "ok"}
+
+    stages = [Stage("a", "flaky", flaky)]
+    ctx = _ctx(tmp_path)
+    with pytest.raises(RuntimeError):
+        run_pipeline(ctx, stages, ["a"])
+    state = PipelineState(ctx.work)
+    spent, attempts = state.spent("a", ctx.fingerprints["a"])
+    assert spent >= 0.4 and attempts == 1  # the failed run's time is on disk
+    assert state.spent("a", "another-fingerprint") == (0.0, 0)  # other settings: not this stage's time
+
+    ctx2 = _ctx(tmp_path)
+    run_pipeline(ctx2, stages, ["a"])
+    marker = state.get("a")
+    assert marker["elapsed_s"] >= 0.4 and marker["attempts"] == 2
+    assert any("resuming:" in line and "1 earlier run(s)" in line for line in ctx2.lines)
+    assert any("done in" in line and "in this run" in line for line in ctx2.lines)
+    assert not state.clock_path("a").exists()  # the marker holds the total now
+
+
+def test_the_stage_clock_is_on_disk_while_the_stage_runs(tmp_path):
+    """What a SIGKILL leaves: the heartbeat has written the running stage's time so far."""
+    from r3rag.pipeline.runner import StageClock
+
+    state = PipelineState(tmp_path / "work")
+    clock = StageClock(state, "sft", "fp", prior_s=10.0, attempt=2, interval_s=0.05)
+    clock.__enter__()
+    try:
+        deadline = time.time() + 10
+        while state.spent("sft", "fp")[0] < 10.1 and time.time() < deadline:
+            time.sleep(0.05)
+        spent, attempts = state.spent("sft", "fp")
+        assert spent >= 10.1 and attempts == 2  # earlier runs' 10 s plus this one's, without __exit__
+    finally:
+        clock._stop.set()
+        clock._thread.join()

@@ -72,13 +72,14 @@ def pick_base(runs: dict[str, dict[str, Any]]) -> str | None:
     return best
 
 
-def _stage_times(ctx: Context) -> list[tuple[str, float]]:
+def _stage_times(ctx: Context) -> list[tuple[str, float, int]]:
+    """``(stage, seconds over every invocation, invocations)`` of each finished stage."""
     state = PipelineState(ctx.work)
     out = []
     for stage in ("world", "index", "coldstart", "sft", "rl", "eval"):
         m = state.get(stage)
         if m is not None:
-            out.append((stage, float(m.get("elapsed_s", 0.0))))
+            out.append((stage, float(m.get("elapsed_s", 0.0)), int(m.get("attempts", 1))))
     return out
 
 
@@ -220,12 +221,13 @@ def write_report(ctx: Context) -> dict[str, Any]:
     if claims:
         md += ["## Learning claims", "", *[f"- {c['text']}" for c in claims], ""]
     if times:
-        total = sum(t for _, t in times)
+        total = sum(t for _, t, _ in times)
         budget = cfg.report.budget_min
         verdict = "" if budget is None else (f" (budget {budget:g} min: " + ("within" if total <= 60 * budget else "OVER") + ")")
-        md += ["## Time per stage", "", "| stage | time |", "|---|---|", *[f"| {s} | {_fmt_time(t)} |" for s, t in times],
+        md += ["## Time per stage", "", "| stage | time |", "|---|---|",
+               *[f"| {s} | {_fmt_time(t)}{f' ({n} runs: resumed)' if n > 1 else ''} |" for s, t, n in times],
                f"| total | {_fmt_time(total)}{verdict} |", "",
-               "Times are those of the run that finished each stage (a resumed stage counts its last part only).", ""]
+               "A stage's time adds every run that worked on it: a killed run's time counts (to within 30 s).", ""]
     if curves:
         md += ["## RL curves", "", *[f"![RL curves]({c})" for c in curves], ""]
     if example_lines:
@@ -245,6 +247,6 @@ def write_report(ctx: Context) -> dict[str, Any]:
             w.writerows(csv_rows)
     atomic_write_json(out / "paired.json", paired)
     atomic_write_json(out / "claims.json", claims)
-    total_s = sum(t for _, t in times)
+    total_s = sum(t for _, t, _ in times)
     return {"table": table, "diff_table": diff_table, "total_s": total_s, "claims": claims, "paired": paired, "others": other_lines,
             "times": times, "markdown": text, "n": n_eval, "checkpoint": runs[after]["model"] if after else None}

@@ -9,7 +9,9 @@ runner, for each stage asked for, in pipeline order:
    another fingerprint is an error naming the stage and ``--redo``;
 3. checks that every stage it needs is done (or is about to run in this invocation);
 4. runs it, prints one progress line with the elapsed time, and writes the done marker
-   (atomically, after the stage returned, i.e. after its outputs are written).
+   (atomically, after the stage returned, i.e. after its outputs are written). A stage's time
+   counts every invocation that worked on it: a killed or failed run leaves its time in
+   ``.done/<stage>.clock.json`` (:class:`StageClock`) and the run that finishes adds it.
 
 Resources that live for one invocation only (the retrieval service) are opened lazily through
 the :class:`Context` and closed in a ``finally``: on success, on a stage's failure, on Ctrl-C
@@ -23,6 +25,7 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -142,6 +145,49 @@ def downstream(stages: Sequence[Stage], names: Sequence[str]) -> list[str]:
     return [s.name for s in stages if s.name in hit]
 
 
+class StageClock:
+    """Keeps a running stage's time on disk, so that a rerun after a kill adds it to the stage's total.
+
+    Rewritten every ``interval_s`` by a daemon thread (a SIGKILL loses at most that much) and once
+    more when the stage stops for any other reason (an error, Ctrl-C). Not written once the stage
+    finished: its done marker then holds the total.
+    """
+
+    def __init__(self, state: PipelineState, stage: str, fp: str, prior_s: float, attempt: int,
+                 enabled: bool = True, interval_s: float = 30.0) -> None:
+        self.state, self.stage, self.fp = state, stage, fp
+        self.prior_s, self.attempt, self.enabled, self.interval_s = prior_s, attempt, enabled, interval_s
+        self.finished = False
+        self._t0 = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _write(self) -> None:
+        try:
+            self.state.record_spent(self.stage, self.fp, self.prior_s + time.perf_counter() - self._t0, self.attempt)
+        except OSError:
+            pass  # timing is a report, never a reason to fail a stage
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._write()
+
+    def __enter__(self) -> "StageClock":
+        self._t0 = time.perf_counter()
+        if self.enabled:
+            self._write()
+            self._thread = threading.Thread(target=self._beat, name=f"clock-{self.stage}", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.enabled and not self.finished:
+            self._write()
+
+
 def run_pipeline(ctx: Context, stages: Sequence[Stage], wanted: Sequence[str], redo: Sequence[str] = ()) -> dict[str, Any]:
     """Run ``wanted`` stages of ``stages``; return ``{stage: {"status", "elapsed_s", "summary"}}``."""
     todo = plan(stages, wanted)
@@ -187,20 +233,25 @@ def run_pipeline(ctx: Context, stages: Sequence[Stage], wanted: Sequence[str], r
                     if not state.is_done(need, ctx.fingerprints[need]) and need not in {s.name for s in todo[:i - 1]}:
                         raise ConfigError(f"stage {stage.name} needs stage {need}'s outputs in {ctx.work}; "
                                           f"run --stages {need},{stage.name} (or the whole pipeline)")
-                ctx.echo(f"{head} {stage.title} ...")
+                prior_s, prior_n = (0.0, 0) if stage.always else state.spent(stage.name, fp)
+                resumed = f" (resuming: {_fmt_s(prior_s)} spent in {prior_n} earlier run(s))" if prior_n else ""
+                ctx.echo(f"{head} {stage.title} ...{resumed}")
                 t0 = time.perf_counter()
-                try:
-                    summary = stage.run(ctx) or {}
-                except StageUnusable as err:
-                    err.stage = stage.name
-                    raise
-                elapsed = time.perf_counter() - t0
+                with StageClock(state, stage.name, fp, prior_s, prior_n + 1, enabled=not stage.always) as clock:
+                    try:
+                        summary = stage.run(ctx) or {}
+                    except StageUnusable as err:
+                        err.stage = stage.name
+                        raise
+                    clock.finished = True
+                elapsed = prior_s + time.perf_counter() - t0  # this stage's time over every invocation
                 if not stage.always:
-                    state.mark_done(stage.name, fp, summary, elapsed)
+                    state.mark_done(stage.name, fp, summary, elapsed, attempts=prior_n + 1)
                 if stage.after_done is not None:
                     stage.after_done(ctx)
                 note = summary.get("line", "")
-                ctx.echo(f"{head} done in {_fmt_s(elapsed)}" + (f": {note}" if note else ""))
+                this_run = f" ({_fmt_s(elapsed - prior_s)} in this run)" if prior_n else ""
+                ctx.echo(f"{head} done in {_fmt_s(elapsed)}{this_run}" + (f": {note}" if note else ""))
                 outcome[stage.name] = {"status": "ran", "elapsed_s": round(elapsed, 2), "summary": summary}
         finally:
             closed = ctx.close()

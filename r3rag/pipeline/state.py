@@ -75,10 +75,31 @@ class PipelineState:
         m = self.get(stage)
         return m is not None and (fp is None or m.get("fingerprint") == fp)
 
-    def mark_done(self, stage: str, fp: str, summary: dict[str, Any], elapsed_s: float) -> None:
+    def mark_done(self, stage: str, fp: str, summary: dict[str, Any], elapsed_s: float, attempts: int = 1) -> None:
         atomic_write_json(self.marker_path(stage), {
-            "stage": stage, "fingerprint": fp, "elapsed_s": round(elapsed_s, 2), "summary": summary,
+            "stage": stage, "fingerprint": fp, "elapsed_s": round(elapsed_s, 2), "attempts": attempts, "summary": summary,
         })
+        self.clock_path(stage).unlink(missing_ok=True)
 
     def clear(self, stage: str) -> None:
         self.marker_path(stage).unlink(missing_ok=True)
+        self.clock_path(stage).unlink(missing_ok=True)
+
+    # ---- a stage's time across invocations (a killed stage's time counts when it is resumed) ----
+    def clock_path(self, stage: str) -> Path:
+        return self.dir / f"{stage}.clock.json"
+
+    def spent(self, stage: str, fp: str) -> tuple[float, int]:
+        """``(seconds, attempts)`` spent on ``stage`` by earlier unfinished invocations with these settings."""
+        path = self.clock_path(stage)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return 0.0, 0
+        if not isinstance(data, dict) or data.get("fingerprint") != fp:
+            return 0.0, 0
+        return float(data.get("elapsed_s", 0.0)), int(data.get("attempts", 0))
+
+    def record_spent(self, stage: str, fp: str, elapsed_s: float, attempts: int) -> None:
+        """Note the time of an unfinished invocation so far (rewritten as it runs and when it stops)."""
+        atomic_write_json(self.clock_path(stage), {"fingerprint": fp, "elapsed_s": round(elapsed_s, 2), "attempts": attempts})

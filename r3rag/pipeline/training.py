@@ -128,6 +128,10 @@ def run_coldstart(ctx: Context) -> dict[str, Any]:
     return checks.check_coldstart(out, cfg.coldstart.min_kept)
 
 
+#: written by train/envs/llamafactory.sh once the environment imports LLaMA-Factory
+LLAMAFACTORY_STAMP = ".r3rag-llamafactory-installed"
+
+
 def sft_preflight(ctx: Context) -> None:
     """The real train/sft.py needs LLaMA-Factory's own environment: say so before cold start runs."""
     import os
@@ -136,11 +140,18 @@ def sft_preflight(ctx: Context) -> None:
     if Path(cfg.sft.script).name != "sft.py" or Path(cfg.sft.script).parent.name != "train":
         return  # another program: its own business
     venv = Path(os.environ.get("R3RAG_LLAMAFACTORY_VENV") or ctx.repo_root / ".venvs" / "llamafactory")
-    if any(item.startswith("launch.venv=") for item in cfg.sft.set):
+    by_hand = any(item.startswith("launch.venv=") for item in cfg.sft.set)
+    if by_hand:
         venv = Path(next(i for i in cfg.sft.set if i.startswith("launch.venv=")).split("=", 1)[1])
     if not (venv / "bin" / "python").is_file():
         raise ConfigError(f"the sft stage needs LLaMA-Factory's environment at {venv}: create it once with "
                           "`bash train/envs/llamafactory.sh` (about 2 minutes), or run --stages world-coldstart for now")
+    # the script writes its stamp only after the finished environment imported LLaMA-Factory; an
+    # environment without it is still being created (its CUDA torchvision not yet removed) or broke
+    if not by_hand and not (venv / LLAMAFACTORY_STAMP).is_file():
+        raise ConfigError(f"LLaMA-Factory's environment at {venv} is not finished ({LLAMAFACTORY_STAMP} missing): it is "
+                          "still being created, or its creation failed; wait for `bash train/envs/llamafactory.sh` "
+                          "or rerun it (--force rebuilds it)")
 
 
 def run_sft(ctx: Context) -> dict[str, Any]:

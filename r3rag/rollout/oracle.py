@@ -135,6 +135,9 @@ _RETRY = (
     "Those passages do not say it. I will search again with other words.",
     "Nothing about that here; a different query may find the right passage.",
 )
+#: public names for the wordings a probe of a student looks for (``r3rag.evaluation.decisions``)
+FOUND_WORDINGS = _KNOWN
+RETRY_WORDINGS = _RETRY
 _GIVE_UP = "The documents do not say {sq!r}; I cannot tell."
 
 _STOPWORDS = frozenset(

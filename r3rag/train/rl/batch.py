@@ -21,6 +21,7 @@ group reduced to one sample.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -212,4 +213,32 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
         cur.append(i)
     if cur:
         out.append(cur)
+    return out
+
+
+def optimizer_steps(n_rows: int, train_batch_size: int | None, seed: int) -> list[list[int]]:
+    """Rows of one rollout batch per optimizer step (OpenRLHF's ``--train_batch_size``).
+
+    ``None`` (or a size >= ``n_rows``): one step over every row, in order. Otherwise the rows are
+    shuffled with ``seed`` (the same split on a resumed run) and cut into ``ceil(n_rows / size)``
+    steps of near-equal size, so a short last step never carries a handful of rows alone.
+
+    >>> optimizer_steps(5, None, seed=0)
+    [[0, 1, 2, 3, 4]]
+    >>> steps = optimizer_steps(10, 4, seed=0)
+    >>> [len(s) for s in steps], sorted(i for s in steps for i in s) == list(range(10))
+    ([4, 3, 3], True)
+    >>> steps == optimizer_steps(10, 4, seed=0) != optimizer_steps(10, 4, seed=1)
+    True
+    """
+    if train_batch_size is None or train_batch_size >= n_rows:
+        return [list(range(n_rows))]
+    order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed)).tolist()
+    k = math.ceil(n_rows / train_batch_size)
+    base, extra = divmod(n_rows, k)
+    out, start = [], 0
+    for j in range(k):
+        size = base + (1 if j < extra else 0)
+        out.append(order[start:start + size])
+        start += size
     return out

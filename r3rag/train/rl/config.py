@@ -72,6 +72,9 @@ class AlgoConfig(Section):
 
     epochs_per_batch: int = Field(1, ge=1, description="passes over one rollout batch (PPO epochs)")
     micro_batch_tokens: int = Field(2048, ge=64, description="padded tokens per forward/backward; gradients accumulate")
+    train_batch_size: int | None = Field(
+        None, ge=1, description="trajectories per optimizer step (OpenRLHF's --train_batch_size): the kept rollout batch "
+        "is shuffled and cut into ceil(kept / N) steps per pass; None: one optimizer step per rollout batch")
 
 
 class TrainSection(Section):

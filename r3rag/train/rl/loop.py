@@ -12,14 +12,16 @@ One iteration ``it`` (0-based; ``step = it + 1`` iterations are done after it):
    out and counted (:func:`r3rag.train.rl.batch.select`);
 3. **forward without gradient**: the policy's log-probs of the generated tokens (the "old"
    log-probs of the ratio; the rollout's own are kept only for the mismatch metric), the frozen
-   reference's (only when ``kl_coef > 0``) and the critic's values (``gae``). With one pass over
-   the batch (``epochs_per_batch: 1``) and no reference, the policy's pass is skipped: the
-   update's own forward runs on the same weights, so its detached log-probs are the old ones;
-4. **advantages** by the named estimator (:mod:`.estimators`);
-5. **update**: ``epochs_per_batch`` passes; each pass accumulates gradients over micro-batches
-   cut by ``micro_batch_tokens`` (every loss is divided by the batch's total generated tokens, so
-   the sum is the token mean), clips the gradient norm and steps the optimizer(s); the scheduler
-   steps once per iteration;
+   reference's (only when ``kl_coef > 0``) and the critic's values (``gae``). Without a reference,
+   the rows of the first optimizer step take their old log-probs from their own update forward
+   (the weights have not moved yet), so with one step per batch the policy's pass is skipped;
+4. **advantages** by the named estimator (:mod:`.estimators`), over the whole batch;
+5. **update**: ``epochs_per_batch`` passes; each pass shuffles the rows into optimizer steps of
+   ``train_batch_size`` trajectories (default: one step over the whole batch, OpenRLHF's
+   ``--train_batch_size``); a step accumulates gradients over micro-batches cut by
+   ``micro_batch_tokens`` (every loss is divided by the step's generated tokens, so the sum is the
+   token mean), clips the gradient norm and steps the optimizer(s); the scheduler steps once per
+   iteration;
 6. metrics, held-out evaluation every ``eval_every`` iterations, checkpoint every
    ``checkpoint_every`` iterations (and after the last one).
 
@@ -48,7 +50,7 @@ from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
 from r3rag.train.rl import evaluate as ev
-from r3rag.train.rl.batch import RolloutBatch, build_batch, micro_batches, select
+from r3rag.train.rl.batch import RolloutBatch, build_batch, micro_batches, optimizer_steps, select
 from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_hf_folder, strip_quantizer
 from r3rag.train.rl.config import RLConfig
 from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
@@ -371,7 +373,7 @@ class RLTrainer:
         if sel.keep:
             kept = [trajs[i] for i in sel.keep]
             batch = build_batch(kept, [rewards[i] for i in sel.keep], self.backend.pad_id, cfg.rollout.temperature_for)
-            rec.update(self._train_on(batch, times))
+            rec.update(self._train_on(batch, times, it))
         else:
             times["time/forward"] = times["time/update"] = 0.0
         self.scheduler.step()
@@ -402,34 +404,42 @@ class RLTrainer:
                             b.temperatures.to(d), b.group, b.totals, b.lengths)
 
     def old_logprobs_from_update(self) -> bool:
-        """One pass over the batch and no reference: the weights that run the update's forward are
-        exactly the ones "old" stands for (one optimizer step per batch), so the old log-probs are
-        that forward's own, detached (ratio 1, the same gradient), and the no-grad policy pass is
-        skipped. With a reference the KL (in the reward) needs them before the advantages."""
-        return self.cfg.algo.epochs_per_batch == 1 and self.models.reference is None
+        """Without a reference model, the rows of the first optimizer step of the first pass take
+        their "old" log-probs from their own update forward (detached: ratio 1, the same gradient),
+        since no step has changed the weights yet; only the rows of later steps (``train_batch_size``
+        smaller than the batch) get the no-grad policy pass before any update. With one step per
+        batch no such pass runs. With a reference the KL (in the reward) needs every row's old
+        log-probs before the advantages."""
+        return self.models.reference is None
 
-    def _train_on(self, batch: RolloutBatch, times: dict[str, float]) -> dict[str, Any]:
+    def _train_on(self, batch: RolloutBatch, times: dict[str, float], it: int = 0) -> dict[str, Any]:
         cfg, a, m = self.cfg, self.cfg.algo, self.models
         t0 = time.perf_counter()
-        mbs = micro_batches(batch.lengths, a.micro_batch_tokens)
         B, L = batch.action_mask.shape
+        # rows per optimizer step, then each step's rows cut into micro-batches by token budget
+        steps = optimizer_steps(B, a.train_batch_size, seed=1_000_003 * cfg.train.seed + it)
+        plan = [[[step[j] for j in mb] for mb in micro_batches([batch.lengths[i] for i in step], a.micro_batch_tokens)]
+                for step in steps]
         old = torch.zeros(B, L)
         ref = torch.zeros(B, L) if m.reference is not None else None
         values = torch.zeros(B, L) if m.critic is not None else None
         reuse_old = self.old_logprobs_from_update()
-        no_grad_pass = mbs if (not reuse_old or values is not None) else []  # the critic's values still need one
         with torch.no_grad(), self._autocast():
-            for idx in no_grad_pass:
-                mb = self._to(batch.rows(idx))
-                w = mb.action_mask.shape[1]
-                if not reuse_old:
-                    lp, _ = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
-                    old[idx, :w] = lp.cpu()
-                if ref is not None:
-                    rl, _ = policy_logprobs(m.reference, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
-                    ref[idx, :w] = rl.cpu()
-                if values is not None:
-                    values[idx, :w] = (m.critic(mb.input_ids, mb.attention_mask) * mb.action_mask).cpu()
+            for k, mbs in enumerate(plan):
+                need_old = not (reuse_old and k == 0)
+                if not (need_old or ref is not None or values is not None):
+                    continue
+                for idx in mbs:
+                    mb = self._to(batch.rows(idx))
+                    w = mb.action_mask.shape[1]
+                    if need_old:
+                        lp, _ = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
+                        old[idx, :w] = lp.cpu()
+                    if ref is not None:
+                        rl, _ = policy_logprobs(m.reference, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures)
+                        ref[idx, :w] = rl.cpu()
+                    if values is not None:
+                        values[idx, :w] = (m.critic(mb.input_ids, mb.attention_mask) * mb.action_mask).cpu()
         mask = batch.action_mask
         kl = approx_kl(old, ref, a.kl_estimator) * mask if ref is not None else None
         adv = compute_advantages(
@@ -438,58 +448,20 @@ class RLTrainer:
         )
         t1 = time.perf_counter()
         times["time/forward"] = t1 - t0
-        n_tok = float(mask.sum())
         stats: dict[str, float] = Counter()
-        for _ in range(a.epochs_per_batch):
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.critic_optimizer is not None:
-                self.critic_optimizer.zero_grad(set_to_none=True)
-            m.policy.train()
-            if cfg.model.gradient_checkpointing:
-                m.policy.gradient_checkpointing_enable()
-            for idx in mbs:
-                mb = self._to(batch.rows(idx))
-                w = mb.action_mask.shape[1]
-                ix = torch.as_tensor(idx)
-                sl = (ix[:, None], torch.arange(w)[None, :])
-                with self._autocast():
-                    lp, ent = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures, entropy=True)
-                    if reuse_old:
-                        old[sl] = lp.detach().float().cpu()
-                    pl, st = policy_loss(lp, old[sl].to(lp.device), adv.advantages[sl].to(lp.device), mb.action_mask, n_tok,
-                                         a.clip_eps_low, a.clip_eps_high, a.dual_clip)
-                    loss = pl
-                    ent_mean = (ent * mb.action_mask).sum() / n_tok
-                    if a.entropy_coef > 0:
-                        loss = loss - a.entropy_coef * ent_mean
-                    if a.kl_use_loss and ref is not None:
-                        kll = kl_loss(lp, ref[sl].to(lp.device), mb.action_mask, a.kl_estimator, n_tok)
-                        loss = loss + a.kl_coef * kll
-                        stats["loss/kl"] += float(kll.detach())
-                    if m.critic is not None:
-                        v = m.critic(mb.input_ids, mb.attention_mask)
-                        vl = value_loss(v, values[sl].to(v.device), adv.returns[sl].to(v.device), mb.action_mask, n_tok, a.value_clip)
-                        loss = loss + a.vf_coef * vl
-                        stats["loss/value"] += float(vl.detach())
-                loss.backward()
-                frac = float(mb.action_mask.sum()) / n_tok
-                stats["loss/policy"] += float(pl.detach())
-                stats["policy/entropy"] += float(ent_mean.detach())
-                stats["policy/clip_frac"] += st["clip_frac"] * frac
-                stats["policy/ppo_kl"] += st["ppo_kl"] * frac
-            gn = torch.nn.utils.clip_grad_norm_(m.policy.parameters(), a.max_grad_norm)
-            stats["policy/grad_norm"] += float(gn)
-            self.optimizer.step()
-            if self.critic_optimizer is not None:
-                torch.nn.utils.clip_grad_norm_(m.critic.parameters(), a.max_grad_norm)
-                self.critic_optimizer.step()
+        for epoch in range(a.epochs_per_batch):
+            for k, (step, mbs) in enumerate(zip(steps, plan)):
+                fresh = reuse_old and epoch == 0 and k == 0  # these rows' old log-probs come from this forward
+                stats_k = self._optimizer_step(batch, step, mbs, old, ref, values, adv, fresh)
+                for key, v in stats_k.items():
+                    stats[key] += v
         if cfg.model.gradient_checkpointing:
             m.policy.gradient_checkpointing_disable()
         m.policy.config.use_cache = True
         m.policy.eval()
         times["time/update"] = time.perf_counter() - t1
-        E = a.epochs_per_batch
-        out = {k: v / E for k, v in stats.items()}
+        n_updates = a.epochs_per_batch * len(steps)
+        out = {key: v / n_updates for key, v in stats.items()}  # the mean over optimizer steps
         known = mask.bool() & ~torch.isnan(batch.rollout_logprobs)
         if known.any():
             out["policy/logprob_mismatch"] = float((batch.rollout_logprobs[known] - old[known]).abs().mean())
@@ -497,10 +469,62 @@ class RLTrainer:
             out["kl/mean"] = float(kl.sum() / mask.sum())
         out["advantage/mean"] = float((adv.advantages * mask).sum() / mask.sum())
         out["advantage/abs_mean"] = float((adv.advantages.abs() * mask).sum() / mask.sum())
-        out["batch/generated_tokens"] = n_tok
-        out["batch/padded_tokens"] = float(sum(len(i) * max(batch.lengths[j] for j in i) for i in mbs))
-        out["batch/micro_batches"] = len(mbs)
+        out["batch/generated_tokens"] = float(mask.sum())
+        out["batch/padded_tokens"] = float(sum(len(i) * max(batch.lengths[j] for j in i) for mbs in plan for i in mbs))
+        out["batch/micro_batches"] = sum(len(mbs) for mbs in plan)
+        out["batch/optimizer_steps"] = n_updates
         return out
+
+    def _optimizer_step(self, batch: RolloutBatch, step: Sequence[int], mbs: Sequence[Sequence[int]], old: torch.Tensor,
+                        ref: torch.Tensor | None, values: torch.Tensor | None, adv: Any, fresh: bool) -> dict[str, float]:
+        """One optimizer step over the rows ``step`` (micro-batches ``mbs``): every loss is divided by
+        the step's generated tokens, so the accumulated gradient is the step's token mean. ``fresh``:
+        write these rows' old log-probs from this forward first (no step has moved the weights yet)."""
+        cfg, a, m = self.cfg, self.cfg.algo, self.models
+        n_tok = float(batch.action_mask[list(step)].sum())
+        stats: dict[str, float] = Counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        m.policy.train()
+        if cfg.model.gradient_checkpointing:
+            m.policy.gradient_checkpointing_enable()
+        for idx in mbs:
+            mb = self._to(batch.rows(idx))
+            w = mb.action_mask.shape[1]
+            ix = torch.as_tensor(idx)
+            sl = (ix[:, None], torch.arange(w)[None, :])
+            with self._autocast():
+                lp, ent = policy_logprobs(m.policy, mb.input_ids, mb.attention_mask, mb.action_mask, mb.temperatures, entropy=True)
+                if fresh:
+                    old[sl] = lp.detach().float().cpu()
+                pl, st = policy_loss(lp, old[sl].to(lp.device), adv.advantages[sl].to(lp.device), mb.action_mask, n_tok,
+                                     a.clip_eps_low, a.clip_eps_high, a.dual_clip)
+                loss = pl
+                ent_mean = (ent * mb.action_mask).sum() / n_tok
+                if a.entropy_coef > 0:
+                    loss = loss - a.entropy_coef * ent_mean
+                if a.kl_use_loss and ref is not None:
+                    kll = kl_loss(lp, ref[sl].to(lp.device), mb.action_mask, a.kl_estimator, n_tok)
+                    loss = loss + a.kl_coef * kll
+                    stats["loss/kl"] += float(kll.detach())
+                if m.critic is not None:
+                    v = m.critic(mb.input_ids, mb.attention_mask)
+                    vl = value_loss(v, values[sl].to(v.device), adv.returns[sl].to(v.device), mb.action_mask, n_tok, a.value_clip)
+                    loss = loss + a.vf_coef * vl
+                    stats["loss/value"] += float(vl.detach())
+            loss.backward()
+            frac = float(mb.action_mask.sum()) / n_tok
+            stats["loss/policy"] += float(pl.detach())
+            stats["policy/entropy"] += float(ent_mean.detach())
+            stats["policy/clip_frac"] += st["clip_frac"] * frac
+            stats["policy/ppo_kl"] += st["ppo_kl"] * frac
+        stats["policy/grad_norm"] += float(torch.nn.utils.clip_grad_norm_(m.policy.parameters(), a.max_grad_norm))
+        self.optimizer.step()
+        if self.critic_optimizer is not None:
+            torch.nn.utils.clip_grad_norm_(m.critic.parameters(), a.max_grad_norm)
+            self.critic_optimizer.step()
+        return stats
 
 
 def _carry_last_eval(prev_dir: Path, stage_dir: Path, cfg: RLConfig) -> None:
