@@ -43,6 +43,8 @@ class TrainSection(Section):
     seed: int = 42
     use_cpu: bool = False
     max_minutes: float | None = Field(None, gt=0, description="stop cleanly (model saved) after this much training time")
+    fit_schedule: bool = Field(True, description="with max_minutes: time the first steps and, when max_steps would not fit, "
+                               "shorten the learning-rate schedule to the steps that do (it ends decayed, not cut off)")
 
 
 class LaunchSection(Section):
@@ -123,5 +125,6 @@ def llamafactory_args(cfg: SFTConfig, model_path: str) -> dict[str, Any]:
         args["use_cpu"] = True
     if t.max_minutes:
         args["r3rag_max_minutes"] = t.max_minutes
+        args["r3rag_fit_schedule"] = t.fit_schedule
     args.update(cfg.extra)
     return args

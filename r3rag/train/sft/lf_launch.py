@@ -6,7 +6,10 @@
 ``TRAIN.yaml`` is the LLaMA-Factory YAML that ``train/sft.py`` writes. When its ``template`` is
 ``r3rag``, the template is derived from ``model_name_or_path``'s tokenizer (observation role from
 ``R3RAG_OBSERVATION_ROLE``, default ``tool``) and registered before LLaMA-Factory's ``run_exp``. ``r3rag_max_minutes`` (our key,
-removed before LLaMA-Factory sees the YAML) stops training cleanly after that much wall time.
+removed before LLaMA-Factory sees the YAML) stops training cleanly after that much wall time. With
+``r3rag_fit_schedule`` (also ours) the run first times a few steps and, when ``max_steps`` would
+not fit in that time, shortens the learning-rate schedule to the steps that do, so that a capped
+run ends with its schedule decayed instead of cut off near its peak rate.
 """
 
 from __future__ import annotations
@@ -30,26 +33,71 @@ def main(argv: list[str] | None = None) -> int:
         register_r3rag_template(args["model_name_or_path"], observation_role=os.environ.get("R3RAG_OBSERVATION_ROLE", "tool"))
     callbacks = []
     budget = args.pop("r3rag_max_minutes", None)
+    fit = bool(args.pop("r3rag_fit_schedule", False))
     if budget:
-        callbacks.append(time_budget_callback(float(budget) * 60.0))
+        callbacks.append(time_budget_callback(float(budget) * 60.0, fit_schedule=fit))
     from llamafactory.train.tuner import run_exp
 
     run_exp(args, callbacks=callbacks)
     return 0
 
 
-def time_budget_callback(seconds: float):  # type: ignore[no-untyped-def]
-    """Stop training cleanly (final save included) once ``seconds`` of training have passed."""
+def fitted_steps(elapsed_s: float, done: int, timed_steps: int, timed_s: float, budget_s: float, max_steps: int) -> int:
+    """The steps that fit in ``budget_s``: ``done`` so far, plus the time left at the pace of the
+    ``timed_steps`` most recent ones; never more than ``max_steps``, never fewer than ``done + 1``.
+
+    >>> fitted_steps(elapsed_s=60, done=6, timed_steps=5, timed_s=50, budget_s=600, max_steps=150)
+    60
+    >>> fitted_steps(elapsed_s=60, done=6, timed_steps=5, timed_s=50, budget_s=6000, max_steps=150)
+    150
+    """
+    per_step = timed_s / max(1, timed_steps)
+    return max(done + 1, min(max_steps, done + int(max(0.0, budget_s - elapsed_s) // per_step)))
+
+
+def stretch_schedule(lr_scheduler, old_total: int, new_total: int) -> None:  # type: ignore[no-untyped-def]
+    """Make a ``LambdaLR`` schedule written for ``old_total`` steps run its whole course in
+    ``new_total``: every factor is read at ``step * old_total / new_total`` (warmup included)."""
+    scale = old_total / new_total
+    lr_scheduler.lr_lambdas = [lambda step, f=f: f(step * scale) for f in lr_scheduler.lr_lambdas]
+
+
+def time_budget_callback(seconds: float, fit_schedule: bool = False, probe_steps: int = 5, clock=None):  # type: ignore[no-untyped-def]
+    """Stop training cleanly (final save included) once ``seconds`` of training have passed.
+
+    ``fit_schedule``: after ``probe_steps`` optimizer steps (timed from the end of the first one,
+    which carries one-off start-up work) estimate how many steps fit in ``seconds``; if fewer than
+    ``max_steps``, stretch the ``LambdaLR`` schedule to that many steps (:func:`stretch_schedule`)
+    and stop there. Done once per run (a resumed run times itself again)."""
     import time
 
     from transformers import TrainerCallback
 
+    now = clock or time.monotonic
+
     class TimeBudget(TrainerCallback):
+        fitted: int | None = None
+
         def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-            self.t0 = time.monotonic()
+            self.t0 = now()
+            self.first_step: tuple[int, float] | None = None
+            self.probed = not fit_schedule
 
         def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-            if time.monotonic() - self.t0 >= seconds:
+            t = now()
+            if self.first_step is None:
+                self.first_step = (state.global_step, t)
+            elif not self.probed and state.global_step - self.first_step[0] >= probe_steps:
+                self.probed = True
+                timed = state.global_step - self.first_step[0]
+                steps = fitted_steps(t - self.t0, state.global_step, timed, t - self.first_step[1], seconds, state.max_steps)
+                sched = kw.get("lr_scheduler")
+                if steps < state.max_steps and sched is not None and hasattr(sched, "lr_lambdas"):
+                    print(f"r3rag: {state.max_steps} steps would not fit in {seconds / 60:g} min at "
+                          f"{(t - self.first_step[1]) / timed:.1f} s/step: the schedule is fitted to {steps} steps", flush=True)
+                    stretch_schedule(sched, state.max_steps, steps)
+                    self.fitted = steps
+            if t - self.t0 >= seconds or (self.fitted is not None and state.global_step >= self.fitted):
                 control.should_training_stop = True
                 control.should_save = True
             return control
