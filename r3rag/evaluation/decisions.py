@@ -131,7 +131,8 @@ def plan_probe(model: Any, tokenizer: Any, row: dict[str, Any], counts: Sequence
         return None
     prefix = turn["text"][: m.start(1)]
     p = continuation_probs(model, tokenizer, ctx, prefix, [str(k) for k in counts], reuse_context)
-    return {"hops": (row.get("metadata") or {}).get("hops", traj.get("metadata", {}).get("hops")), "p": p}
+    hops = (row.get("metadata") or {}).get("hops")
+    return {"hops": hops if hops is not None else (traj.get("metadata") or {}).get("hops"), "p": p}
 
 
 def retry_probe(model: Any, tokenizer: Any, row: dict[str, Any], retry: Sequence[str], found: Sequence[str],
@@ -165,7 +166,7 @@ def summarise_plan(rows: Sequence[dict[str, Any]], counts: Sequence[int]) -> dic
         z = sum(r["p"]) or 1.0
         q = [x / z for x in r["p"]]
         by.setdefault(int(r["hops"]), []).append(q)
-        correct += counts[max(range(len(q)), key=q.__getitem__)] == r["hops"]
+        correct += counts[max(range(len(q)), key=q.__getitem__)] == int(r["hops"])
     means = {h: [round(sum(col) / len(v), 4) for col in zip(*v)] for h, v in sorted(by.items())}
     spread = max((0.5 * sum(abs(a - b) for a, b in zip(means[h1], means[h2])) for h1 in means for h2 in means), default=0.0)
     return {
@@ -239,9 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--model", required=True, help="the HF checkpoint that produced the predictions")
     ap.add_argument("--predictions", required=True, help="predictions.jsonl of benchmark/evaluate.py (r3rag_steps format)")
-    ap.add_argument("--limit", type=int, default=200, help="first N predictions (default 200; under 1 s each on 2 CPU cores)")
+    ap.add_argument("--limit", type=int, default=200, help="first N predictions (default 200; about 3 s each in float32 on 2 AVX2 cores)")
     ap.add_argument("--out", help="write decisions.json and decisions.md into this folder")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
+                    help="float32 (default) everywhere; bfloat16 only pays on CPUs with native bf16 (avx512_bf16 / amx_bf16)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     a = ap.parse_args(argv)
     pred = Path(a.predictions)

@@ -409,17 +409,22 @@ class RLTrainer:
         since no step has changed the weights yet; only the rows of later steps (``train_batch_size``
         smaller than the batch) get the no-grad policy pass before any update. With one step per
         batch no such pass runs. With a reference the KL (in the reward) needs every row's old
-        log-probs before the advantages."""
+        log-probs before the advantages. The reused forward runs in train mode: the same numbers
+        as the no-grad pass for a model without dropout (SmolLM2, Qwen2.5 and Llama have none); a
+        model with dropout gets old log-probs drawn under its dropout."""
         return self.models.reference is None
 
     def _train_on(self, batch: RolloutBatch, times: dict[str, float], it: int = 0) -> dict[str, Any]:
         cfg, a, m = self.cfg, self.cfg.algo, self.models
         t0 = time.perf_counter()
         B, L = batch.action_mask.shape
-        # rows per optimizer step, then each step's rows cut into micro-batches by token budget
-        steps = optimizer_steps(B, a.train_batch_size, seed=1_000_003 * cfg.train.seed + it)
-        plan = [[[step[j] for j in mb] for mb in micro_batches([batch.lengths[i] for i in step], a.micro_batch_tokens)]
-                for step in steps]
+        def split(epoch: int) -> tuple[list[list[int]], list[list[list[int]]]]:
+            """Rows per optimizer step (shuffled anew each pass), each step's rows cut into micro-batches."""
+            steps = optimizer_steps(B, a.train_batch_size, seed=1_000_003 * cfg.train.seed + it + 7_919 * epoch)
+            return steps, [[[step[j] for j in mb] for mb in micro_batches([batch.lengths[i] for i in step], a.micro_batch_tokens)]
+                           for step in steps]
+
+        steps, plan = split(0)
         old = torch.zeros(B, L)
         ref = torch.zeros(B, L) if m.reference is not None else None
         values = torch.zeros(B, L) if m.critic is not None else None
@@ -450,6 +455,8 @@ class RLTrainer:
         times["time/forward"] = t1 - t0
         stats: dict[str, float] = Counter()
         for epoch in range(a.epochs_per_batch):
+            if epoch > 0:
+                steps, plan = split(epoch)  # every row's old log-probs are known after the first pass
             for k, (step, mbs) in enumerate(zip(steps, plan)):
                 fresh = reuse_old and epoch == 0 and k == 0  # these rows' old log-probs come from this forward
                 stats_k = self._optimizer_step(batch, step, mbs, old, ref, values, adv, fresh)
@@ -460,7 +467,7 @@ class RLTrainer:
         m.policy.config.use_cache = True
         m.policy.eval()
         times["time/update"] = time.perf_counter() - t1
-        n_updates = a.epochs_per_batch * len(steps)
+        n_updates = a.epochs_per_batch * len(steps)  # every pass cuts the same number of steps
         out = {key: v / n_updates for key, v in stats.items()}  # the mean over optimizer steps
         known = mask.bool() & ~torch.isnan(batch.rollout_logprobs)
         if known.any():

@@ -62,14 +62,24 @@ def stretch_schedule(lr_scheduler, old_total: int, new_total: int) -> None:  # t
     lr_scheduler.lr_lambdas = [lambda step, f=f: f(step * scale) for f in lr_scheduler.lr_lambdas]
 
 
+#: the fitted schedule of a capped run, in its output folder: a resumed run applies it again
+FITTED = "r3rag_fitted_schedule.json"
+
+
 def time_budget_callback(seconds: float, fit_schedule: bool = False, probe_steps: int = 5, clock=None):  # type: ignore[no-untyped-def]
     """Stop training cleanly (final save included) once ``seconds`` of training have passed.
 
     ``fit_schedule``: after ``probe_steps`` optimizer steps (timed from the end of the first one,
     which carries one-off start-up work) estimate how many steps fit in ``seconds``; if fewer than
-    ``max_steps``, stretch the ``LambdaLR`` schedule to that many steps (:func:`stretch_schedule`)
-    and stop there. Done once per run (a resumed run times itself again)."""
+    ``max_steps``, stretch the ``LambdaLR`` schedule to that many steps (:func:`stretch_schedule`),
+    stop there, and write ``OUTPUT_DIR/r3rag_fitted_schedule.json``. A resumed run (a checkpoint
+    restores only the scheduler's step count) reads it and stretches the schedule again at its
+    first step, so the rate carries on where it was; its own time budget starts afresh. With more
+    than one process the fit is skipped (each would time its own steps and could fit another
+    count), and so is a scheduler without ``lr_lambdas``; both say so."""
+    import json
     import time
+    from pathlib import Path
 
     from transformers import TrainerCallback
 
@@ -82,6 +92,42 @@ def time_budget_callback(seconds: float, fit_schedule: bool = False, probe_steps
             self.t0 = now()
             self.first_step: tuple[int, float] | None = None
             self.probed = not fit_schedule
+            self.checked_resume = not fit_schedule
+
+        def on_step_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            # a resumed run: the checkpoint is loaded by now (global_step > 0) and restored only the
+            # scheduler's step count; a fresh run in a folder with an old file ignores it
+            if self.checked_resume:
+                return control
+            self.checked_resume = True
+            saved = Path(args.output_dir) / FITTED
+            if state.global_step == 0 or not saved.is_file():
+                return control
+            data = json.loads(saved.read_text(encoding="utf-8"))
+            sched = kw.get("lr_scheduler")
+            if data.get("from") == state.max_steps and sched is not None and hasattr(sched, "lr_lambdas"):
+                stretch_schedule(sched, int(data["from"]), int(data["to"]))
+                self.fitted, self.probed = int(data["to"]), True
+                print(f"r3rag: resumed at step {state.global_step} with the schedule fitted to {self.fitted} steps", flush=True)
+            return control
+
+        def _fit(self, args, state, t: float, sched) -> None:  # type: ignore[no-untyped-def]
+            timed = state.global_step - self.first_step[0]
+            steps = fitted_steps(t - self.t0, state.global_step, timed, t - self.first_step[1], seconds, state.max_steps)
+            if steps >= state.max_steps:
+                return
+            why = ("it runs in several processes" if getattr(args, "world_size", 1) > 1 else
+                   "its scheduler has no lr_lambdas" if sched is None or not hasattr(sched, "lr_lambdas") else None)
+            if why:
+                print(f"r3rag: {state.max_steps} steps will not fit in {seconds / 60:g} min; the schedule is not fitted: {why}", flush=True)
+                return
+            print(f"r3rag: {state.max_steps} steps would not fit in {seconds / 60:g} min at "
+                  f"{(t - self.first_step[1]) / timed:.1f} s/step: the schedule is fitted to {steps} steps", flush=True)
+            stretch_schedule(sched, state.max_steps, steps)
+            self.fitted = steps
+            out = Path(args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / FITTED).write_text(json.dumps({"from": state.max_steps, "to": steps}) + "\n", encoding="utf-8")
 
         def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
             t = now()
@@ -89,14 +135,7 @@ def time_budget_callback(seconds: float, fit_schedule: bool = False, probe_steps
                 self.first_step = (state.global_step, t)
             elif not self.probed and state.global_step - self.first_step[0] >= probe_steps:
                 self.probed = True
-                timed = state.global_step - self.first_step[0]
-                steps = fitted_steps(t - self.t0, state.global_step, timed, t - self.first_step[1], seconds, state.max_steps)
-                sched = kw.get("lr_scheduler")
-                if steps < state.max_steps and sched is not None and hasattr(sched, "lr_lambdas"):
-                    print(f"r3rag: {state.max_steps} steps would not fit in {seconds / 60:g} min at "
-                          f"{(t - self.first_step[1]) / timed:.1f} s/step: the schedule is fitted to {steps} steps", flush=True)
-                    stretch_schedule(sched, state.max_steps, steps)
-                    self.fitted = steps
+                self._fit(args, state, t, kw.get("lr_scheduler"))
             if t - self.t0 >= seconds or (self.fitted is not None and state.global_step >= self.fitted):
                 control.should_training_stop = True
                 control.should_save = True
