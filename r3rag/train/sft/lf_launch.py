@@ -83,6 +83,8 @@ def time_budget_callback(seconds: float, fit_schedule: bool = False, probe_steps
 
     from transformers import TrainerCallback
 
+    from r3rag.pipeline.state import atomic_write_json
+
     now = clock or time.monotonic
 
     class TimeBudget(TrainerCallback):
@@ -125,9 +127,7 @@ def time_budget_callback(seconds: float, fit_schedule: bool = False, probe_steps
                   f"{(t - self.first_step[1]) / timed:.1f} s/step: the schedule is fitted to {steps} steps", flush=True)
             stretch_schedule(sched, state.max_steps, steps)
             self.fitted = steps
-            out = Path(args.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / FITTED).write_text(json.dumps({"from": state.max_steps, "to": steps}) + "\n", encoding="utf-8")
+            atomic_write_json(Path(args.output_dir) / FITTED, {"from": state.max_steps, "to": steps})  # a kill never leaves half a file
 
         def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
             t = now()
