@@ -110,6 +110,31 @@ def test_redoing_a_checkpoint_drops_only_its_evaluations(tmp_path):
     assert list((ctx.work / "eval").iterdir()) == []
 
 
+def test_the_evaluation_runs_trained_checkpoints_before_the_gguf_base(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import r3rag.evaluation.runner as runner
+    from r3rag.pipeline import stages
+    from r3rag.pipeline.state import PipelineState
+
+    ctx = _ctx(tmp_path, stages=["world", "index", "sft", "rl", "eval"], eval={"base_methods": ["rag", "direct"]})
+    for stage in ("sft", "rl"):
+        (ctx.work / stage / "final").mkdir(parents=True)
+        PipelineState(ctx.work).mark_done(stage, "fp", {"checkpoint": str(ctx.work / stage / "final")}, 1.0)
+    order: list[str] = []
+
+    def fake_run_evaluation(cfg, out_dir):
+        order.append(Path(out_dir).name)
+        return SimpleNamespace(results={"metrics": {"em": 1.0}, "n": 3}, out_dir=out_dir, new=3, skipped=0)
+
+    monkeypatch.setattr(runner, "run_evaluation", fake_run_evaluation)
+    monkeypatch.setattr(stages, "retrieval_url", lambda ctx: "http://127.0.0.1:9")
+    summary = stages.run_eval(ctx)
+    assert order == ["sft", "rl", "base-rag", "base-direct"]
+    assert list(summary["runs"]) == ["base-rag", "base-direct", "sft", "rl"]  # the table's order
+    assert summary["runs"]["rl"]["model"] == str(ctx.work / "rl" / "final")
+
+
 def test_a_stage_whose_inputs_are_missing_is_one_clear_error(tmp_path):
     calls: dict[str, int] = {}
     with pytest.raises(ConfigError, match="stage c needs stage b's outputs"):

@@ -92,11 +92,27 @@ def test_ablations_are_one_line_changes() -> None:
     traj, _ = R3_CASES["correct"]
     assert recipe("outcome_only").score([traj])[0].per_step == approx([0.0, 0.0, 0.0, 2.0])
     assert recipe("process_only").score([traj])[0].per_step == approx([1.6, 0.0, 1.6, 0.0])
+    assert recipe("r3rag_gated").score([traj])[0].per_step == approx([1.6, 0.0, 1.6, 2.0])
     full = (RECIPES / "r3rag.yaml").read_text().splitlines()
-    for name in ("outcome_only", "process_only"):
+    for name in ("outcome_only", "process_only", "r3rag_gated"):
         other = (RECIPES / f"{name}.yaml").read_text().splitlines()
         changed = [x for x, y in zip(full, other) if x != y and not x.startswith("name:")]
         assert len(full) == len(other) and len(changed) == 1
+
+
+def test_gated_process_pays_nothing_after_a_wrong_answer_or_no_answer() -> None:
+    # The same gold hits as the "wrong" and "no_answer" cases, which the paper's recipe pays 0.8 / 0.9.
+    gated = recipe("r3rag_gated")
+    for case in ("wrong", "no_answer"):
+        traj, paper = R3_CASES[case]
+        assert sum(paper) > 0
+        out = gated.score([traj])[0]
+        assert out.per_step == approx([0.0] * len(paper))
+        assert out.components["process"] == 0.0
+    # a group of failures is now all zeros (dynamic filtering drops it); with the paper's recipe it is not
+    fails = [R3_CASES["wrong"][0], r3(q(0, "Vell birthplace", ("d1",)), a(1, "Ari Voss"))]
+    assert [o.total for o in gated.score(fails)] == approx([0.0, 0.0])
+    assert [o.total for o in recipe("r3rag").score(fails)] == approx([0.8, 0.0])
 
 
 def test_gold_recall_mode_and_overrides() -> None:
