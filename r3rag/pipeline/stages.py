@@ -131,7 +131,7 @@ def run_order(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The trained checkpoints first, then the packaged base model's runs.
 
     The base model loads from its GGUF file, and after transformers has loaded a GGUF model,
-    decoding in the same process is about 1.35x slower for the rest of its life: the same CPU time,
+    decoding in the same process is about 1.36x slower for the rest of its life: the same CPU time,
     but 375k voluntary context switches instead of 2.6k in 64 questions (docs/quickstart.md,
     "Evaluation order"). Evaluated first, the base would slow the SFT and RL runs behind it."""
     return sorted(runs, key=lambda r: r["role"] in ("base", "extra"))  # stable: the table's order within each
