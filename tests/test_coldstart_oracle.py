@@ -102,3 +102,28 @@ def test_the_plan_states_the_hop_count_and_counts_facts_off(setup):
     assert len(hops_seen) >= 2  # the count differs with the question, not one fixed number
     plain = _run(setup, OracleVariety(seed=0, plan=False))
     assert not any(re.search(r"\d of \d", s.analysis) for t in plain for s in t.steps)
+
+
+def test_the_relations_plan_names_each_lookup_before_the_count(setup):
+    import re
+
+    from r3rag.rollout.oracle import relation_name
+
+    qs, _ = setup
+    by_id = {q.id: q for q in qs}
+    trajs = _run(setup, OracleVariety(seed=0, plan_style="relations"))
+    lengths = set()
+    for t in trajs:
+        dec = by_id[t.question_id].metadata["decomposition"]
+        lengths.add(len(dec))
+        first = t.steps[0].analysis
+        chain = " -> ".join(relation_name(d) for d in dec)
+        at = first.find(chain)
+        assert at >= 0, (first, chain)  # every lookup named, in the decomposition's order
+        count = re.search(r"(\d) (?:fact|facts|lookup|lookups)\b", first)
+        assert count and int(count.group(1)) == len(dec) and count.start() > at  # the number comes after the list
+    assert len(lengths) >= 2
+    # the relations are the world's: a 2-hop question's plan names two different lookups somewhere
+    assert any(len({relation_name(d) for d in by_id[t.question_id].metadata["decomposition"]}) >= 2 for t in trajs)
+    # the count style is unchanged: no arrows
+    assert not any("->" in t.steps[0].analysis for t in _run(setup, OracleVariety(seed=0)))

@@ -4,12 +4,16 @@ micro-batches by token budget, checkpoint folders that are whole or absent."""
 from __future__ import annotations
 
 import json
+from collections import Counter
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+from r3rag.errors import ConfigError
 from r3rag.train.rl.batch import micro_batches
 from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from r3rag.train.rl.loop import DataOrder
+from r3rag.train.rl.loop import BalancedOrder, DataOrder, data_order
 from r3rag.train.rl.metrics import MetricsLog, read_records
 from r3rag.train.rl.plots import plot_curves
 
@@ -38,6 +42,32 @@ def test_data_order_is_a_function_of_the_iteration():
     assert sorted(first_epoch) == list(range(10))  # every question once per epoch
     assert b.indices(7, 2) == a.indices(7, 2)  # no state: a resumed run draws the same questions
     assert DataOrder(10, seed=4).indices(0, 10) != a.indices(0, 10)
+
+
+def test_a_balanced_order_gives_every_hop_count_the_same_share_of_each_iteration():
+    # a split like the world's: 2-hop questions are the majority (7 of 10 here)
+    hops = [2, 2, 1, 2, 2, 3, 2, 2, 1, 2]
+    qs = [SimpleNamespace(metadata={"hops": h}) for h in hops]
+    order = data_order(qs, seed=0, balance_by="hops")
+    assert isinstance(order, BalancedOrder)
+    for it in range(6):
+        picks = order.indices(it, 3)
+        assert sorted(hops[i] for i in picks) == [1, 2, 3]  # one of each stratum per iteration of 3
+    drawn = Counter(i for it in range(14) for i in order.indices(it, 3))  # 14 draws per stratum
+    assert {i for i in drawn if hops[i] == 2} == {i for i, h in enumerate(hops) if h == 2}  # every 2-hop question seen
+    assert drawn[5] == 14  # the one 3-hop question repeats once per round
+    assert [drawn[i] for i in (2, 8)] == [7, 7]  # the two 1-hop questions share their 14 draws
+    again = data_order(qs, seed=0, balance_by="hops")
+    assert again.indices(9, 3) == order.indices(9, 3)  # a function of the iteration: resume draws the same
+    assert data_order(qs, seed=1, balance_by="hops").indices(0, 30) != order.indices(0, 30)
+    plain = data_order(qs, seed=0, balance_by=None)
+    assert Counter(hops[i] for i in plain.indices(0, 10)) == Counter(hops)  # unbalanced: the split's shares
+
+
+def test_a_balanced_order_names_the_missing_key():
+    qs = [SimpleNamespace(metadata={"hops": 1}), SimpleNamespace(metadata={})]
+    with pytest.raises(ConfigError, match=r"1 of 2 training questions have no metadata\['hops'\]"):
+        data_order(qs, seed=0, balance_by="hops")
 
 
 def test_micro_batches_respect_the_token_budget():

@@ -28,7 +28,10 @@ one fixed script learns the string, not the skill, so the oracle then behaves li
 - with ``plan`` (the default) its first analysis says how many facts the question needs, and
   every found fact is counted off ("That is 1 of 2."), as a teacher that decomposes the question
   before searching does: the student learns to decide from the question how far to go, instead of
-  making the same number of searches for every question;
+  making the same number of searches for every question; ``plan_style: relations`` first names
+  what each lookup finds ("To find: the author -> the birthplace -> the country. That is 3
+  facts."), words the student can read off the question, so the number it then writes follows
+  from a list it has just written instead of from the whole question at once;
 - when the sub-answer is not in the documents it rephrases and searches again
   (``max_retries`` per sub-question; de-duplication then shows the next passages of the ranking)
   before giving up, as long as the remaining steps (``max_steps``) still allow an answer.
@@ -47,7 +50,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -69,6 +72,9 @@ class OracleVariety(Section):
     max_steps: int = Field(5, ge=1, description="the rollout's step cap: extra queries only when an answer still fits")
     paraphrase: bool = True
     plan: bool = Field(True, description="state how many facts the question needs, then count them off as they are found")
+    plan_style: Literal["count", "relations"] = Field(
+        "count", description="count: the plan states the number ('This needs 2 facts.'); relations: it first names "
+        "what each lookup finds, in the question's order, then the number ('To find: the author -> the birthplace. 2 facts.')")
 
 
 # ---- wordings ------------------------------------------------------------------------------------
@@ -125,6 +131,18 @@ _PLAN = (
     "I count {n} {lookups} here. ",
     "Plan: {n} {lookups}. ",
 )
+_PLAN_RELATIONS = (
+    "To find: {chain}. That is {n} {facts}. ",
+    "Plan: {chain}, so {n} {lookups}. ",
+    "I need {chain}: {n} {facts}. ",
+)
+#: what a lookup of each world relation finds, as the relations plan names it (others: the name, spaced)
+RELATION_NAMES = {
+    "located_in": "the country", "birth_date": "the birth date", "born_in": "the birthplace", "spouse": "the spouse",
+    "father": "the father", "headquarters": "the headquarters", "employer": "the employer",
+    "founded_year": "the founding year", "release_year": "the release year", "publication_year": "the publication year",
+    "written_by": "the author", "directed_by": "the director", "founded_by": "the founder",
+}
 _PROGRESS = (
     "That is {j} of {n}. ",
     "Fact {j} of {n} found. ",
@@ -144,6 +162,16 @@ _STOPWORDS = frozenset(
     "a an the of in on at to for by was is were are did does do who whom whose what which when where why how "
     "many much year".split()
 )
+
+
+def relation_name(sub: dict[str, Any]) -> str:
+    """What a sub-question's lookup finds, for the relations plan.
+
+    >>> relation_name({"relation": "written_by"}), relation_name({"relation": "mayor_of"})
+    ('the author', 'the mayor of')
+    """
+    rel = str(sub.get("relation") or "fact")
+    return RELATION_NAMES.get(rel, "the " + rel.replace("_", " "))
 
 
 def _keywords(text: str) -> str:
@@ -292,8 +320,13 @@ class OracleBackend(PolicyBackend):
                 lead += rng.choice(_PROGRESS).format(j=j, n=len(dec))
         if i == 0 and plan and action.kind == "ask":  # step 0 is always an ask (wastes come later)
             n = len(dec)
-            lead = rng.choice(_PLAN).format(n=n, are="is" if n == 1 else "are", facts="fact" if n == 1 else "facts",
-                                            lookups="lookup" if n == 1 else "lookups")
+            words = dict(are="is" if n == 1 else "are", facts="fact" if n == 1 else "facts",
+                         lookups="lookup" if n == 1 else "lookups")
+            if self.variety is not None and self.variety.plan_style == "relations":
+                chain = " -> ".join(relation_name(d) for d in dec)
+                lead = rng.choice(_PLAN_RELATIONS).format(n=n, chain=chain, **words)
+            else:
+                lead = rng.choice(_PLAN).format(n=n, **words)
         if action.kind == "ask":
             sq = dec[action.target]["question"]
             wording = _FIRST if i == 0 else _NEXT

@@ -81,6 +81,8 @@ class TrainSection(Section):
     iterations: int = Field(10, ge=0)
     questions_per_iter: int = Field(8, ge=1, description="prompts per iteration (x rollout.n_samples trajectories)")
     seed: int = 0
+    balance_by: str | None = Field(None, description="a question metadata key (e.g. hops): every iteration draws its prompts "
+                                   "in turn from each value of it, instead of in proportion to the split")
     checkpoint_every: int = Field(1, ge=1, description="iterations between checkpoints (resume point)")
     keep_checkpoints: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0, description="held-out evaluation every N iterations (0: only before and after)")

@@ -46,6 +46,7 @@ import torch
 
 from r3rag.config import dump_config
 from r3rag.data.records import Question
+from r3rag.errors import ConfigError
 from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
@@ -112,6 +113,49 @@ class DataOrder:
     def indices(self, it: int, per_iter: int) -> list[int]:
         ks = range(it * per_iter, (it + 1) * per_iter)
         return [int(self._perm(k // self.n)[k % self.n]) for k in ks]
+
+
+class BalancedOrder:
+    """Questions taken in turn from each stratum (the values of one metadata key, e.g. ``hops``):
+    draw ``k`` of the run comes from stratum ``k % S`` (strata sorted by value), and within a
+    stratum the draws follow that stratum's own :class:`DataOrder` (its own seed, from ``seed`` and the stratum),
+    so small strata repeat before large ones are used up. Each stratum gets the same share of every
+    iteration's prompts whatever its share of the split: the update is not dominated by the
+    majority kind of question. Like :class:`DataOrder`, a pure function of the iteration.
+
+    >>> order = BalancedOrder([1, 2, 2, 2, 2, 1], seed=0)
+    >>> picks = order.indices(0, 4)
+    >>> sorted([1, 2, 2, 2, 2, 1][i] for i in picks)
+    [1, 1, 2, 2]
+    """
+
+    def __init__(self, keys: list[Any], seed: int) -> None:
+        if not keys:
+            raise ValueError("BalancedOrder needs at least one question")
+        values = sorted(set(keys), key=lambda v: (str(type(v)), v))
+        self.members = [[i for i, k in enumerate(keys) if k == v] for v in values]
+        self.values = values
+        self.orders = [DataOrder(len(m), seed + 1_000_003 * (j + 1)) for j, m in enumerate(self.members)]
+
+    def indices(self, it: int, per_iter: int) -> list[int]:
+        S = len(self.members)
+        out = []
+        for k in range(it * per_iter, (it + 1) * per_iter):
+            s, j = k % S, k // S
+            out.append(self.members[s][self.orders[s].indices(j, 1)[0]])
+        return out
+
+
+def data_order(questions: list[Any], seed: int, balance_by: str | None) -> DataOrder | BalancedOrder:
+    """The run's question order: a seeded permutation per epoch, or balanced over ``balance_by``."""
+    if not balance_by:
+        return DataOrder(len(questions), seed)
+    keys = [q.metadata.get(balance_by) for q in questions]
+    missing = sum(k is None for k in keys)
+    if missing:
+        raise ConfigError(f"train.balance_by={balance_by!r}: {missing} of {len(keys)} training questions have no "
+                          f"metadata[{balance_by!r}] (the world's questions have 'hops' and 'type')")
+    return BalancedOrder(keys, seed)
 
 
 @dataclass
@@ -217,7 +261,7 @@ class RLTrainer:
         self.critic_optimizer = None
         if critic is not None:
             self.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=a.betas, weight_decay=a.weight_decay)
-        self.order = DataOrder(len(self.questions), cfg.train.seed)
+        self.order = data_order(self.questions, cfg.train.seed, cfg.train.balance_by)
         self._arun_takes_seed = "seed" in inspect.signature(self.engine.arun).parameters
 
     def _objects(self) -> dict[str, Any]:
