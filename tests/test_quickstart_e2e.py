@@ -32,7 +32,7 @@ def tiny_model(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("qs") / "tiny")
 
 
-def write_preset(tmp_path: Path, model: Path, questions: int = 4, batch: int = 4) -> Path:
+def write_preset(tmp_path: Path, model: Path, questions: int = 4, batch: int = 4, workers: int = 1) -> Path:
     preset = tmp_path / "preset.yaml"
     preset.write_text(f"""
 preset: tiny
@@ -46,6 +46,7 @@ eval:
   limit: {questions}
   base_methods: [rag]
   batch_size: {batch}
+  workers: {workers}
   set: [run.progress=false, rollout.max_new_tokens=24, rollout.max_turn_tokens=12, rollout.max_steps=2, method.answer_max_tokens=8]
 report: {{bootstrap: 200}}
 """)
@@ -167,6 +168,43 @@ def test_sigkill_in_the_middle_of_each_stage_resumes(tmp_path, tiny_model):
     # each killed training stage was started twice (killed + resumed), the finished ones not again
     for s in ("coldstart", "sft", "rl"):
         assert len(jsonl(work / s / "standin_runs.jsonl")) == 2, s
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd and _alive(int(d.name)):
+                pids.append(int(d.name))
+    return pids
+
+
+def test_a_sharded_evaluation_killed_midway_resumes_without_losing_or_doubling(tmp_path, tiny_model):
+    """eval.workers=2: SIGKILL the quickstart while both shard processes of the SFT run evaluate;
+    the shard processes die with it; the rerun finishes each shard and merges 8 rows per run."""
+    preset = write_preset(tmp_path, tiny_model, questions=8, batch=1, workers=2)
+    work = tmp_path / "work"
+    shard0 = work / "eval" / "sft" / "shards" / "0-of-2" / "predictions.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "r3rag.quickstart", "--preset", str(preset)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env(STANDIN_SLEEP="0"))
+    _kill_when(proc, lambda: len(jsonl(shard0)) >= 1)
+    assert not (work / ".done" / "eval.json").is_file()
+    time.sleep(1.5)
+    assert _processes_mentioning(str(work / "eval")) == [], "a shard process outlived the SIGKILLed quickstart"
+    r = quickstart(preset)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "sft: 2 shard processes of 1 thread(s) each" in r.stdout
+    dev_ids = [q["id"] for q in jsonl(work / "world" / "dev.jsonl")][:8]
+    for name in ("base-rag", "sft", "rl"):
+        rows = [x["id"] for x in jsonl(work / "eval" / name / "predictions.jsonl")]
+        assert sorted(rows) == sorted(dev_ids), name
+        shard_rows = [x["id"] for i in (0, 1) for x in jsonl(work / "eval" / name / "shards" / f"{i}-of-2" / "predictions.jsonl")]
+        assert sorted(shard_rows) == sorted(dev_ids), name
+        assert json.loads((work / "eval" / name / "results.json").read_text())["n"] == 8
 
 
 def test_a_stage_that_produced_nothing_usable_stops_the_pipeline(tmp_path, tiny_model):

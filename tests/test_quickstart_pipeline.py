@@ -21,7 +21,7 @@ import pytest
 from r3rag.errors import ConfigError
 from r3rag.evaluation.paired import means_with_ci, paired_differences
 from r3rag.pipeline import checks
-from r3rag.pipeline.child import ChildFailed, run_child
+from r3rag.pipeline.child import ChildFailed, run_child, run_children
 from r3rag.pipeline.config import QuickstartConfig
 from r3rag.pipeline.runner import Context, Stage, StageUnusable, Terminated, run_pipeline
 from r3rag.pipeline.stages import parse_stages, retrieval_url, run_index, run_world
@@ -363,6 +363,68 @@ def test_a_failing_child_is_one_error_naming_its_log(tmp_path):
     assert "about to fail" in log.read_text()
     with pytest.raises(ChildFailed, match="ran past its 1 s limit"):
         run_child([sys.executable, "-c", "import time; time.sleep(30)"], echo=False, timeout_s=1, grace_s=1)
+
+
+def test_children_run_at_once_and_one_failure_stops_the_others(tmp_path):
+    """run_children: two programs overlap in time (each waits for the other's file), and when a
+    third fails, the one still running is stopped and the error names the failed one's log."""
+    meet = ("import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('x'); "
+            "end = time.time() + 20\nwhile not pathlib.Path(sys.argv[2]).exists() and time.time() < end: time.sleep(0.05)\n"
+            "sys.exit(0 if pathlib.Path(sys.argv[2]).exists() else 5)")
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_children([[sys.executable, "-c", meet, str(a), str(b)], [sys.executable, "-c", meet, str(b), str(a)]], echo=False)
+    pid_file, log = tmp_path / "sleeper.pid", tmp_path / "fail.log"
+    fail = f"import pathlib, time\nwhile not pathlib.Path({str(pid_file)!r}).exists(): time.sleep(0.05)\nraise SystemExit(4)"
+    with pytest.raises(ChildFailed, match="exited with status 4.*fail.log"):
+        run_children([[sys.executable, "-c", SLEEPER, str(pid_file)], [sys.executable, "-c", fail]],
+                     log_paths=[None, log], echo=False, grace_s=2)
+    time.sleep(0.2)
+    assert not _alive(int(pid_file.read_text()))
+    with pytest.raises(ValueError, match="one log path"):
+        run_children([["true"], ["true"]], log_paths=[None], echo=False)
+
+
+def test_a_sharded_evaluation_writes_what_one_process_writes_and_resumes(tmp_path):
+    """eval.workers=2: two evaluate.py processes on alternate questions, merged into the run's
+    folder. The oracle (no model, deterministic) makes the rows comparable one for one with an
+    unsharded run on the same world; the merged run's key is the unsharded run's, so either way of
+    running reuses the other's predictions; a rerun computes nothing new."""
+    from r3rag.pipeline import stages
+    from r3rag.evaluation.predictions import load_rows
+
+    def ctx_for(name: str, workers: int) -> Context:
+        return _ctx(tmp_path / name, stages=["world", "index", "eval"], world={"size": "tiny", "clusters": 10, "questions_per_cluster": 6},
+                    eval={"limit": 5, "base_methods": ["oracle"], "workers": workers, "set": ["run.progress=false"]},
+                    report={"bootstrap": 100})
+
+    runs = {}
+    for name, workers in (("one", 1), ("two", 2)):
+        ctx = ctx_for(name, workers)
+        try:
+            run_world(ctx)
+            run_index(ctx)
+            runs[name] = (ctx, stages.run_eval(ctx))
+        finally:
+            ctx.close()
+    one, two = (runs[k][0].work / "eval" / "base-oracle" for k in ("one", "two"))
+    shard_rows = [load_rows(two / "shards" / f"{i}-of-2" / "predictions.jsonl") for i in (0, 1)]
+    assert [len(r) for r in shard_rows] == [3, 2]  # positions 0, 2, 4 and 1, 3
+    assert {r["index"] for r in shard_rows[0]} == {0, 2, 4}
+    keep = ("id", "index", "prediction", "scores", "num_retrievals")
+    rows1, rows2 = ([{k: r.get(k) for k in keep} for r in load_rows(d / "predictions.jsonl")] for d in (one, two))
+    assert len(rows1) == 5 and rows2 == rows1
+    res1, res2 = (json.loads((d / "results.json").read_text()) for d in (one, two))
+    assert res2["metrics"] == res1["metrics"] and res2["n"] == 5
+    key1, key2 = (json.loads((d / "run.json").read_text())["config_key"] for d in (one, two))
+    assert key2 == key1
+    assert runs["two"][1]["runs"]["base-oracle"]["n"] == 5
+    ctx = ctx_for("two", 2)
+    try:
+        again = stages.run_eval(ctx)
+    finally:
+        ctx.close()
+    assert any("(0 new, 5 reused)" in line for line in ctx.lines)
+    assert again["runs"]["base-oracle"]["metrics"] == res1["metrics"]
 
 
 def test_a_stage_programs_long_lines_are_cut_on_the_console_not_in_its_log(tmp_path, capfd):

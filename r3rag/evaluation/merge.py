@@ -67,7 +67,9 @@ def merge_runs(shard_dirs: Sequence[str | Path], out: str | Path) -> dict[str, A
     identity = {**ids[0], "shard": None}
     results = build_results(identity, rows, bootstrap, seed)
     write_json(out / RESULTS, results)
-    write_json(out / RUN_INFO, {"identity": identity, "bootstrap": bootstrap, "seed": seed,
-                                "merged_from": [str(d) for d in dirs]})
+    info: dict[str, Any] = {"identity": identity, "bootstrap": bootstrap, "seed": seed, "merged_from": [str(d) for d in dirs]}
+    if all("config_key" in i for i in infos):  # the merged run's key is the unsharded run's: it resumes or refuses alike
+        info["config_key"] = {**infos[0]["config_key"], "run.shard": None}
+    write_json(out / RUN_INFO, info)
     write_report(out, results)
     return results

@@ -3,7 +3,8 @@
 A training stage (cold start, SFT, RL) is its own program. Three ways the pipeline can end
 must not leave it running, holding cores and writing into the work folder:
 
-- the stage fails or the user presses Ctrl-C: :func:`run_child` terminates it (SIGTERM, then
+- the stage fails or the user presses Ctrl-C: :func:`run_child` (one program) or
+  :func:`run_children` (several at once: an evaluation's shards) terminates it (SIGTERM, then
   SIGKILL after a grace period) before the exception travels on;
 - SIGTERM to the pipeline: the pipeline turns it into an exception (see
   :mod:`r3rag.pipeline.runner`), and the case above applies;
@@ -94,19 +95,9 @@ def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
                 pass
 
 
-def run_child(
-    cmd: Sequence[str],
-    log_path: str | Path | None = None,
-    cwd: str | Path | None = None,
-    env: dict[str, str] | None = None,
-    timeout_s: float | None = None,
-    echo: bool = True,
-    grace_s: float = 10.0,
-) -> None:
-    """Run ``cmd`` to completion; raise :class:`ChildFailed` on a non-zero exit or a timeout.
-
-    Any exception while waiting (KeyboardInterrupt, the pipeline's SIGTERM exception) stops the
-    child first: SIGTERM to its process group, SIGKILL after ``grace_s`` seconds."""
+def _start(cmd: Sequence[str], log_path: str | Path | None, cwd: str | Path | None, env: dict[str, str] | None,
+           echo: bool) -> tuple[subprocess.Popen, threading.Thread, IO[bytes] | None]:
+    """Start ``cmd`` under the supervisor, its output pumped to the console (if ``echo``) and the log."""
     full_env = dict(os.environ if env is None else env)
     full_env["R3RAG_PIPELINE_PARENT"] = str(os.getpid())
     shim = [sys.executable, "-m", "r3rag.pipeline.child", "--", *cmd]
@@ -121,6 +112,28 @@ def run_child(
                             start_new_session=True)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sinks), daemon=True)
     pump.start()
+    return proc, pump, log
+
+
+def _failed(cmd: Sequence[str], rc: int, seconds: float, log_path: str | Path | None) -> ChildFailed:
+    where = f"; its output is in {log_path}" if log_path is not None else ""
+    return ChildFailed(f"{' '.join(str(c) for c in cmd[:3])} ... exited with status {rc} after {seconds:.0f} s{where}")
+
+
+def run_child(
+    cmd: Sequence[str],
+    log_path: str | Path | None = None,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    echo: bool = True,
+    grace_s: float = 10.0,
+) -> None:
+    """Run ``cmd`` to completion; raise :class:`ChildFailed` on a non-zero exit or a timeout.
+
+    Any exception while waiting (KeyboardInterrupt, the pipeline's SIGTERM exception) stops the
+    child first: SIGTERM to its process group, SIGKILL after ``grace_s`` seconds."""
+    proc, pump, log = _start(cmd, log_path, cwd, env, echo)
     start = time.monotonic()
     try:
         try:
@@ -136,9 +149,56 @@ def run_child(
         if log is not None:
             log.close()
     if rc != 0:
-        where = f"; its output is in {log_path}" if log_path is not None else ""
-        raise ChildFailed(f"{' '.join(str(c) for c in cmd[:3])} ... exited with status {rc} after "
-                          f"{time.monotonic() - start:.0f} s{where}")
+        raise _failed(cmd, rc, time.monotonic() - start, log_path)
+
+
+def run_children(
+    cmds: Sequence[Sequence[str]],
+    log_paths: Sequence[str | Path | None] | None = None,
+    cwd: str | Path | None = None,
+    envs: Sequence[dict[str, str] | None] | None = None,
+    echo: Sequence[bool] | bool = True,
+    grace_s: float = 10.0,
+    poll_s: float = 0.2,
+) -> None:
+    """Run several programs at the same time (the shards of one evaluation) until all have exited.
+
+    The first one to fail stops the others and raises :class:`ChildFailed` naming it; any exception
+    while waiting (Ctrl-C, the pipeline's SIGTERM exception) stops all of them before it travels on.
+    ``echo`` may be one flag for all or one per program (so that one progress bar shows)."""
+    n = len(cmds)
+    logs = list(log_paths) if log_paths is not None else [None] * n
+    env_list = list(envs) if envs is not None else [None] * n
+    echoes = [echo] * n if isinstance(echo, bool) else list(echo)
+    if not (len(logs) == len(env_list) == len(echoes) == n):
+        raise ValueError("run_children: one log path, env and echo flag per command")
+    started: list[tuple[subprocess.Popen, threading.Thread, IO[bytes] | None]] = []
+    start = time.monotonic()
+    try:
+        for cmd, log_path, env, e in zip(cmds, logs, env_list, echoes):
+            started.append(_start(cmd, log_path, cwd, env, e))
+        running = set(range(n))
+        while running:
+            for i in sorted(running):
+                rc = started[i][0].poll()
+                if rc is None:
+                    continue
+                running.discard(i)
+                if rc != 0:
+                    for j in running:
+                        _stop(started[j][0], grace_s)
+                    raise _failed(cmds[i], rc, time.monotonic() - start, logs[i])
+            if running:
+                time.sleep(poll_s)
+    except BaseException:
+        for proc, _, _ in started:
+            _stop(proc, grace_s)
+        raise
+    finally:
+        for _, pump, log in started:
+            pump.join(timeout=5)
+            if log is not None:
+                log.close()
 
 
 def _stop(proc: subprocess.Popen, grace_s: float) -> None:
