@@ -184,9 +184,7 @@ def run_children(
                 if rc is None:
                     continue
                 running.discard(i)
-                if rc != 0:
-                    for j in running:
-                        _stop(started[j][0], grace_s)
+                if rc != 0:  # the handler below stops the others
                     raise _failed(cmds[i], rc, time.monotonic() - start, logs[i])
             if running:
                 time.sleep(poll_s)

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from r3rag.errors import ConfigError
 from r3rag.pipeline.config import QuickstartConfig
 from r3rag.pipeline.runner import Context, Stage
+
+if TYPE_CHECKING:
+    from r3rag.evaluation.runner import RunOutcome
 
 STAGE_ORDER = ("world", "index", "coldstart", "sft", "rl", "eval", "report")
 
@@ -187,7 +190,7 @@ def run_eval(ctx: Context) -> dict[str, Any]:
 
 
 def run_sharded_evaluation(ctx: Context, config_path: str, overrides: list[str], out: Path, workers: int,
-                           progress: bool = True) -> Any:
+                           progress: bool = True) -> RunOutcome:
     """One evaluation run as ``workers`` processes at once, then merged into ``out``.
 
     Process ``i`` runs ``benchmark/evaluate.py run --shard i/workers`` into ``out/shards/i-of-N``
@@ -200,11 +203,10 @@ def run_sharded_evaluation(ctx: Context, config_path: str, overrides: list[str],
     so relative paths in ``overrides`` mean what they mean here."""
     import os
     import sys
-    from types import SimpleNamespace
-
     import torch
 
     from r3rag.evaluation.merge import merge_runs
+    from r3rag.evaluation.runner import RUN_INFO, RunOutcome
     from r3rag.pipeline.child import run_children
 
     cfg: QuickstartConfig = ctx.cfg
@@ -222,9 +224,9 @@ def run_sharded_evaluation(ctx: Context, config_path: str, overrides: list[str],
     run_children(cmds, log_paths=[shard_root / f"{d.name}.log" for d in shards],
                  envs=[env] * workers, echo=[ctx.echo_children and i == 0 for i in range(workers)])
     results = merge_runs(shards, out)
-    infos = [json.loads((d / "run.json").read_text(encoding="utf-8")) for d in shards]
-    return SimpleNamespace(results=results, out_dir=out, new=sum(int(i.get("new", 0)) for i in infos),
-                           skipped=sum(int(i.get("skipped", 0)) for i in infos))
+    infos = [json.loads((d / RUN_INFO).read_text(encoding="utf-8")) for d in shards]
+    return RunOutcome(out, results, new=sum(int(i.get("new", 0)) for i in infos),
+                      skipped=sum(int(i.get("skipped", 0)) for i in infos))
 
 
 def reset_eval(ctx: Context, redone: set[str]) -> None:
