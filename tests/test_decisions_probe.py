@@ -131,3 +131,36 @@ def test_batched_continuations_equal_each_sequence_scored_alone():
 def test_cli_names_a_missing_predictions_file(tmp_path, capsys):
     assert main(["--model", str(tmp_path), "--predictions", str(tmp_path / "nope.jsonl")]) == 2
     assert "no predictions file" in capsys.readouterr().err
+
+
+def test_grounded_verdicts_of_the_grounding_teacher_follow_the_documents(tmp_path, capsys):
+    """The grounding teacher says "not in these documents" exactly when a search missed, so on its
+    own trajectories the verdict counts split cleanly; the CLI reads them without a model."""
+    import json
+
+    from r3rag.evaluation.decisions import grounded_verdicts
+
+    w, idx = make_world(tmp_path / "w", size="small")
+    qs = read_questions(w / "train.jsonl", limit=80)
+    tok = build_tiny_tokenizer()
+    fmt = get_format("r3rag_steps", mode="chat", tokenizer=tok)
+    teacher = OracleBackend(qs, fmt, tok, variety=OracleVariety(seed=0, grounding=True, waste_prob=0.0))
+    trajs = RolloutEngine(teacher, SearcherRetriever(load_searcher(idx)), RolloutConfig(format="r3rag_steps", docs_per_step=3), fmt=fmt).run(qs)
+    rows = [{"id": t.question_id, "trajectory": t.to_dict()} for t in trajs]
+    v = grounded_verdicts(rows)
+    assert v["hit"]["answered"] > 20 and v["miss"]["missing"] > 0  # both branches on real retrieval
+    assert v["miss"]["missing_rate"] > 0.5 > v["hit"]["missing_rate"]
+    assert v["retrievals"] == sum(t.num_retrievals for t in trajs)
+    pred = tmp_path / "predictions.jsonl"
+    pred.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["--grounded", "--predictions", str(pred), "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "verdicts.json").read_text()) == v
+    # a student of the older teacher gives no grounded verdict at all
+    plain = [{"trajectory": r["trajectory"]} for r in _rows_without_grounding(w, idx, qs, tok, fmt)]
+    assert grounded_verdicts(plain)["hit"]["answered"] == 0
+
+
+def _rows_without_grounding(w, idx, qs, tok, fmt):
+    trajs = RolloutEngine(OracleBackend(qs, fmt, tok, variety=OracleVariety(seed=0)), SearcherRetriever(load_searcher(idx)),
+                          RolloutConfig(format="r3rag_steps", docs_per_step=3), fmt=fmt).run(qs)
+    return [{"trajectory": t.to_dict()} for t in trajs]

@@ -169,3 +169,33 @@ def test_a_run_stopped_for_time_stays_stopped_after_a_kill(tmp_path, monkeypatch
     fits["answer"] = False
     tiny_trainer(cfg, out).run()
     assert seen == [(0.0, 0.0, 5.0)]
+
+
+def test_a_bf16_rollout_copy_generates_with_the_weights_of_each_iteration(tmp_path):
+    """``model.rollout_weights: bfloat16``: the rollout's model is a separate bf16 copy, and every
+    rollout runs with the trainer's current weights (reloaded after each update), never stale ones."""
+    from tests.rl_helpers import tiny_cfg, tiny_trainer
+
+    cfg = tiny_cfg("group_norm", iterations=3)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"rollout_weights": "bfloat16"})})
+    t = tiny_trainer(cfg, tmp_path / "copy")
+    seen = []
+    inner = t._rollout
+
+    def rollout(it):
+        gen, pol = dict(t.backend.model.named_parameters()), dict(t.models.policy.named_parameters())
+        seen.append({
+            "separate": t.backend.model is not t.models.policy,
+            "dtype": {p.dtype for p in gen.values()},
+            "stale": max(float((gen[k].float() - pol[k].detach().to(torch.bfloat16).float()).abs().max()) for k in pol),
+            "embed": pol["model.embed_tokens.weight"].detach().clone(),
+        })
+        return inner(it)
+
+    t._rollout = rollout
+    t.run()
+    assert len(seen) == 3
+    assert all(s["separate"] and s["dtype"] == {torch.bfloat16} for s in seen)
+    assert [s["stale"] for s in seen] == [0.0, 0.0, 0.0]  # the copy equals the trainer's weights, rounded to bf16
+    assert not torch.equal(seen[0]["embed"], seen[2]["embed"])  # ... which the updates did move
+    assert next(t.models.policy.parameters()).dtype == torch.float32  # the trainer's own weights stay float32

@@ -157,6 +157,54 @@ def retry_probe(model: Any, tokenizer: Any, row: dict[str, Any], retry: Sequence
     return {"hit": hit, "p_retry": sum(p[: len(retry)]), "p_found": sum(p[len(retry) :])}
 
 
+GROUNDED_MISSING = "-> not in these documents"
+GROUNDED_RE = re.compile(r"\?\s*->\s*(.+?)(?:\.\s|\.$|$)")
+
+
+def grounded_verdicts(predictions: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What a student taught with the grounding teacher (``teacher.variety.grounding``) says after each
+    search, counted from its trajectories alone (no model): after every retrieval, does its next
+    analysis give an answer ("Who wrote X? -> Y.") or say the fact is missing ("-> not in these
+    documents."), split by whether that retrieval brought a gold passage it had not seen before.
+
+    A student whose verdict reads the passages says "missing" far more often after a miss than
+    after a hit; one that learnt only the teacher's mix says it at the same rate after both.
+
+    >>> miss = {"documents": [{"id": "x"}], "analysis": "Plan", "query": "q"}
+    >>> hit = {"documents": [{"id": "g"}], "analysis": "Who? -> not in these documents. Again.", "query": "q"}
+    >>> last = {"documents": None, "analysis": "Who? -> Ann. Done.", "query": None}
+    >>> row = {"trajectory": {"metadata": {"supporting_ids": ["g"]}, "steps": [miss, hit, last]}}
+    >>> s = grounded_verdicts([row])
+    >>> s["miss"]["missing"], s["hit"]["answered"], s["retrievals"]
+    (1, 1, 2)
+    """
+    out = {"hit": {"missing": 0, "answered": 0, "other": 0}, "miss": {"missing": 0, "answered": 0, "other": 0}, "retrievals": 0}
+    for row in predictions:
+        traj = row["trajectory"]
+        gold = set((traj.get("metadata") or {}).get("supporting_ids") or [])
+        steps = traj.get("steps") or []
+        seen: set[str] = set()
+        for k, step in enumerate(steps[:-1]):
+            docs = {d["id"] for d in (step.get("documents") or [])}
+            if not step.get("query") or not docs:
+                continue
+            out["retrievals"] += 1
+            key = "hit" if (docs - seen) & gold else "miss"
+            seen |= docs
+            text = steps[k + 1].get("analysis") or ""
+            if GROUNDED_MISSING in text:
+                out[key]["missing"] += 1
+            elif GROUNDED_RE.search(text):
+                out[key]["answered"] += 1
+            else:
+                out[key]["other"] += 1
+    for key in ("hit", "miss"):
+        v = out[key]
+        n = v["missing"] + v["answered"]
+        v["missing_rate"] = round(v["missing"] / n, 4) if n else None
+    return out
+
+
 # ---- summaries ------------------------------------------------------------------------------------
 def summarise_plan(rows: Sequence[dict[str, Any]], counts: Sequence[int]) -> dict[str, Any]:
     """Mean count distribution (renormalised over ``counts``) per hop count, argmax accuracy, spread."""
@@ -238,7 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Do a step-format student's plan count and retry decisions depend on the question and "
         "the documents? Reads its probabilities at the contexts of its own evaluated trajectories.",
     )
-    ap.add_argument("--model", required=True, help="the HF checkpoint that produced the predictions")
+    ap.add_argument("--model", help="the HF checkpoint that produced the predictions (not needed with --grounded)")
+    ap.add_argument("--grounded", action="store_true",
+                    help="only count a grounding-teacher student's verdicts after each search (found / not in these "
+                    "documents) by whether the search brought a new gold passage; reads the trajectories, loads no model")
     ap.add_argument("--predictions", required=True, help="predictions.jsonl of benchmark/evaluate.py (r3rag_steps format)")
     ap.add_argument("--limit", type=int, default=200, help="first N predictions (default 200; about 3 s each in float32 on 2 AVX2 cores)")
     ap.add_argument("--out", help="write decisions.json and decisions.md into this folder")
@@ -249,6 +300,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     pred = Path(a.predictions)
     if not pred.is_file():
         print(f"error: no predictions file at {pred}", file=sys.stderr)
+        return 2
+    if a.grounded:
+        with pred.open() as fh:
+            verdicts = grounded_verdicts(json.loads(line) for line in fh if line.strip())
+        print(json.dumps(verdicts, indent=2))
+        if a.out:
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / "verdicts.json").write_text(json.dumps(verdicts, indent=2) + "\n")
+        return 0
+    if not a.model:
+        print("error: --model is required (except with --grounded)", file=sys.stderr)
         return 2
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -32,6 +32,11 @@ one fixed script learns the string, not the skill, so the oracle then behaves li
   what each lookup finds ("To find: the author -> the birthplace -> the country. That is 3
   facts."), words the student can read off the question, so the number it then writes follows
   from a list it has just written instead of from the whole question at once;
+- with ``grounding``, each analysis after a search first restates the sub-question and gives
+  what the documents say to it, or that they do not say it ("Who wrote X? -> Y." / "Who wrote
+  X? -> not in these documents. Let me rephrase the search."): the student then decides "found or
+  not" at one token, right after a question it can match against the passages, instead of
+  choosing between a found-it and a retry wording before it has named what it looks for;
 - when the sub-answer is not in the documents it rephrases and searches again
   (``max_retries`` per sub-question; de-duplication then shows the next passages of the ranking)
   before giving up, as long as the remaining steps (``max_steps``) still allow an answer.
@@ -75,6 +80,9 @@ class OracleVariety(Section):
     plan_style: Literal["count", "relations"] = Field(
         "count", description="count: the plan states the number ('This needs 2 facts.'); relations: it first names "
         "what each lookup finds, in the question's order, then the number ('To find: the author -> the birthplace. 2 facts.')")
+    grounding: bool = Field(
+        False, description="after each search, restate the sub-question and give what the documents say to it, or that "
+        "they do not say it ('Who wrote X? -> Y.' / 'Who wrote X? -> not in these documents.'), instead of 'We found Y.'")
 
 
 # ---- wordings ------------------------------------------------------------------------------------
@@ -157,6 +165,10 @@ _RETRY = (
 FOUND_WORDINGS = _KNOWN
 RETRY_WORDINGS = _RETRY
 _GIVE_UP = "The documents do not say {sq!r}; I cannot tell."
+#: the grounding style (``OracleVariety.grounding``): the sub-question, then what the documents say to it
+_GROUNDED = "{sq} -> {ans}. "
+_GROUNDED_MISSING = "{sq} -> not in these documents. "
+_GROUNDED_RETRY = ("Let me rephrase the search.", "I will search again with other words.", "A different query may find it.")
 
 _STOPWORDS = frozenset(
     "a an the of in on at to for by was is were are did does do who whom whose what which when where why how "
@@ -309,13 +321,17 @@ class OracleBackend(PolicyBackend):
     def _render(self, q: Question, i: int, action: _Action, last: _Action | None, j: int, rng: random.Random) -> str:
         dec = q.metadata.get("decomposition") or []
         plan = self.variety is not None and self.variety.plan and bool(dec)
+        grounding = self.variety is not None and self.variety.grounding
         lead = ""
         if last is not None and last.kind == "waste_broad":
             lead = rng.choice(_AFTER_BROAD)
         elif last is not None and last.kind == "waste_recheck":
             lead = rng.choice(_AFTER_RECHECK).format(ans=dec[last.target]["answer"])
         elif last is not None and last.kind in ("ask", "retry") and action.kind not in ("retry", "give_up") and j > 0:
-            lead = rng.choice(_KNOWN).format(ans=dec[j - 1]["answer"])
+            if grounding:
+                lead = _GROUNDED.format(sq=dec[j - 1]["question"], ans=dec[j - 1]["answer"])
+            else:
+                lead = rng.choice(_KNOWN).format(ans=dec[j - 1]["answer"])
             if plan:
                 lead += rng.choice(_PROGRESS).format(j=j, n=len(dec))
         if i == 0 and plan and action.kind == "ask":  # step 0 is always an ask (wastes come later)
@@ -334,7 +350,10 @@ class OracleBackend(PolicyBackend):
             return self.fmt.render_turn(i, analysis.strip(), query=self._query_form(sq, rng))
         if action.kind == "retry":
             sq = dec[action.target]["question"]
-            analysis = rng.choice(_RETRY).format(sq=sq)
+            if grounding:
+                analysis = _GROUNDED_MISSING.format(sq=sq) + rng.choice(_GROUNDED_RETRY)
+            else:
+                analysis = rng.choice(_RETRY).format(sq=sq)
             return self.fmt.render_turn(i, analysis, query=self._query_form(sq, rng, avoid=sq))
         if action.kind == "waste_broad":
             return self.fmt.render_turn(i, (lead + rng.choice(_WASTE_BROAD)).strip(), query=q.question)
@@ -344,7 +363,9 @@ class OracleBackend(PolicyBackend):
             return self.fmt.render_turn(i, analysis.strip(), query=self._query_form(sub["question"], rng))
         if action.kind == "give_up":
             self.gave_up += 1
-            return self.fmt.render_turn(i, _GIVE_UP.format(sq=dec[action.target]["question"]), answer=UNKNOWN)
+            sq = dec[action.target]["question"]
+            text = _GROUNDED_MISSING.format(sq=sq) + "I cannot tell." if grounding else _GIVE_UP.format(sq=sq)
+            return self.fmt.render_turn(i, text, answer=UNKNOWN)
         answer = q.golden_answers[0] if q.golden_answers else UNKNOWN
         facts = ", ".join(d["answer"] for d in dec) or "what I know"
         return self.fmt.render_turn(i, (lead + rng.choice(_ANSWER).format(facts=facts)).strip(), answer=answer)

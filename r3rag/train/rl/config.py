@@ -29,6 +29,9 @@ class PolicyModelConfig(Section):
         "auto: bfloat16 on CUDA and on CPUs with AVX-512 bf16 (measured faster there), else float32")
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass of the rollout backend")
+    rollout_weights: Literal["shared", "bfloat16"] = Field(
+        "shared", description="shared: the rollout generates with the trainer's own float32 model (under autocast in "
+        "compute_dtype); bfloat16: with a bf16 copy of it, refreshed from the trainer's weights at every iteration")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, about 30% more compute)")
 
 

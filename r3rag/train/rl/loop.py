@@ -209,6 +209,7 @@ class RLTrainer:
         self._questions, self._eval_questions, self._retriever = questions, eval_questions, retriever
         self.last_checkpoint_s: float | None = None
         self._model, self._tokenizer, self._reward_fn = model, tokenizer, reward_fn
+        self._rollout_copy = False  # set by _build: the rollout generates with its own bf16 copy
 
     # ---- building ----------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -227,10 +228,7 @@ class RLTrainer:
             reference.requires_grad_(False)
         critic = ValueModel(policy).to(self.device) if cfg.algo.estimator == "gae" else None
         self.models = Models(policy, self._tokenizer, reference, critic)
-        # the rollout generates under the trainer's compute dtype (bf16 autocast where it is faster),
-        # as the trainer recomputes its log-probs; the weights stay float32
-        autocast = self.dtype if self.dtype != torch.float32 else None
-        self.backend = HFBackend(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size, autocast_dtype=autocast)
+        self.backend = self._rollout_backend(HFBackend, policy)
         if self._questions is None or self._retriever is None:
             from r3rag.evaluation.components import load_retriever
             from r3rag.evaluation.datasets import resolve_dataset
@@ -366,8 +364,26 @@ class RLTrainer:
             self.log.write({"step": step, "kind": "eval", **rec})
         return rec
 
+    def _rollout_backend(self, backend_cls: Any, policy: Any) -> Any:
+        """The rollout's generator. ``shared``: the trainer's own model object under autocast in the
+        compute dtype (the trainer recomputes its log-probs the same way); ``bfloat16``: a bf16
+        copy of it (no per-op casts, half the weight memory traffic), which
+        :meth:`_refresh_backend` reloads from the trainer's weights before every rollout."""
+        cfg = self.cfg
+        if cfg.model.rollout_weights == "bfloat16":
+            gen = copy.deepcopy(policy).to(dtype=torch.bfloat16).eval()
+            gen.requires_grad_(False)
+            self._rollout_copy = True
+            return backend_cls(gen, self._tokenizer, max_batch_size=cfg.model.max_batch_size)
+        self._rollout_copy = False
+        autocast = self.dtype if self.dtype != torch.float32 else None
+        return backend_cls(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size, autocast_dtype=autocast)
+
     def _refresh_backend(self) -> None:
         update = getattr(self.backend, "update_weights", None)
+        if self._rollout_copy:
+            self.backend.update_weights(self.models.policy.state_dict())  # float32 -> the copy's bf16, in place
+            return
         try:
             if update is not None:
                 update(None)
