@@ -89,3 +89,59 @@ def paired_differences(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[s
         out[k] = {"diff": round(float(d.mean()), 3), "ci95": [lo, hi], "excludes_zero": bool(lo > 0 or hi < 0),
                   "n": len(d)}
     return out
+
+
+def _run_rows(path: str) -> list[dict[str, Any]]:
+    """Prediction rows of a run folder (its ``predictions.jsonl``) or of a predictions file."""
+    from pathlib import Path
+
+    from r3rag.evaluation.predictions import load_rows
+
+    p = Path(path)
+    file = p / "predictions.jsonl" if p.is_dir() else p
+    if not file.is_file():
+        raise DataError(f"{path}: no predictions.jsonl there (a finished evaluation run folder or its predictions file)")
+    rows = load_rows(file, repair=False)
+    if not rows:
+        raise DataError(f"{file}: no prediction rows")
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m r3rag.evaluation.paired RUN_A RUN_B``: B - A on the questions both answered."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m r3rag.evaluation.paired",
+                                 description="Paired differences B - A of two evaluation runs on the questions both "
+                                 "answered (matched by id), each with its percentile-bootstrap 95%% interval.")
+    ap.add_argument("run_a", help="run folder (or predictions.jsonl) of A, the reference")
+    ap.add_argument("run_b", help="run folder (or predictions.jsonl) of B")
+    ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the differences as JSON instead of a table")
+    a = ap.parse_args(argv)
+    try:
+        rows_a, rows_b = _run_rows(a.run_a), _run_rows(a.run_b)
+        d = paired_differences(rows_a, rows_b, a.resamples, a.seed)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    shared_a, shared_b = align(rows_a, rows_b)
+    mean_a, mean_b = means_with_ci(shared_a, a.resamples, a.seed), means_with_ci(shared_b, a.resamples, a.seed)
+    n = next(iter(d.values()))["n"]
+    print(f"B - A on {n} shared questions ({a.resamples} bootstrap resamples; * = the interval excludes 0)")
+    print("| column | A | B | B - A (paired) |")
+    print("|---|---|---|---|")
+    for k, v in d.items():
+        star = " *" if v["excludes_zero"] else ""
+        print(f"| {k} | {mean_a[k]['mean']:.2f} | {mean_b[k]['mean']:.2f} | {v['diff']:+.2f} [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}]{star} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
