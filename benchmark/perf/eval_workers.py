@@ -31,15 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from r3rag.cli import ArgumentParser, run_main  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
-    return name + (" (avx512_bf16)" if "avx512_bf16" in text else "")
+from r3rag.machine import cpu_name  # noqa: E402
 
 
 def run_config(base: list[str], out: Path, workers: int, threads: int) -> float:

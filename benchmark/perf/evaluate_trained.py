@@ -42,17 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from r3rag.cli import ArgumentParser, run_main  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                flags = Path("/proc/cpuinfo").read_text()
-                return line.split(":", 1)[1].strip() + (" (avx512_bf16)" if "avx512_bf16" in flags else "")
-    except OSError:
-        pass
-    return "unknown"
+from r3rag.machine import cpu_name  # noqa: E402
 
 
 def main() -> int:

@@ -36,17 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from r3rag.cli import ArgumentParser, run_main  # noqa: E402
+from r3rag.machine import cpu_name  # noqa: E402
 
 MODES = ("shared", "bfloat16")
-
-
-def cpu_name() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
-    return name + (" (avx512_bf16)" if "avx512_bf16" in text else "")
 
 
 def timed_rollout(trainer, it: int) -> dict:
