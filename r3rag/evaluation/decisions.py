@@ -157,7 +157,6 @@ def retry_probe(model: Any, tokenizer: Any, row: dict[str, Any], retry: Sequence
     return {"hit": hit, "p_retry": sum(p[: len(retry)]), "p_found": sum(p[len(retry) :])}
 
 
-GROUNDED_MISSING = "-> not in these documents"
 GROUNDED_RE = re.compile(r"\?\s*->\s*(.+?)(?:\.\s|\.$|$)")
 
 
@@ -178,6 +177,8 @@ def grounded_verdicts(predictions: Iterable[dict[str, Any]]) -> dict[str, Any]:
     >>> s["miss"]["missing"], s["hit"]["answered"], s["retrievals"]
     (1, 1, 2)
     """
+    from r3rag.rollout.oracle import GROUNDED_MISSING_MARK
+
     out = {"hit": {"missing": 0, "answered": 0, "other": 0}, "miss": {"missing": 0, "answered": 0, "other": 0}, "retrievals": 0}
     for row in predictions:
         traj = row["trajectory"]
@@ -192,7 +193,7 @@ def grounded_verdicts(predictions: Iterable[dict[str, Any]]) -> dict[str, Any]:
             key = "hit" if (docs - seen) & gold else "miss"
             seen |= docs
             text = steps[k + 1].get("analysis") or ""
-            if GROUNDED_MISSING in text:
+            if GROUNDED_MISSING_MARK in text:
                 out[key]["missing"] += 1
             elif GROUNDED_RE.search(text):
                 out[key]["answered"] += 1

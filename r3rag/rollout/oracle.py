@@ -167,7 +167,9 @@ RETRY_WORDINGS = _RETRY
 _GIVE_UP = "The documents do not say {sq!r}; I cannot tell."
 #: the grounding style (``OracleVariety.grounding``): the sub-question, then what the documents say to it
 _GROUNDED = "{sq} -> {ans}. "
-_GROUNDED_MISSING = "{sq} -> not in these documents. "
+#: what follows the sub-question when the documents lack its answer (``r3rag.evaluation.decisions`` counts it)
+GROUNDED_MISSING_MARK = "-> not in these documents."
+_GROUNDED_MISSING = "{sq} " + GROUNDED_MISSING_MARK + " "
 _GROUNDED_RETRY = ("Let me rephrase the search.", "I will search again with other words.", "A different query may find it.")
 
 _STOPWORDS = frozenset(

@@ -209,7 +209,6 @@ class RLTrainer:
         self._questions, self._eval_questions, self._retriever = questions, eval_questions, retriever
         self.last_checkpoint_s: float | None = None
         self._model, self._tokenizer, self._reward_fn = model, tokenizer, reward_fn
-        self._rollout_copy = False  # set by _build: the rollout generates with its own bf16 copy
 
     # ---- building ----------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -373,15 +372,13 @@ class RLTrainer:
         if cfg.model.rollout_weights == "bfloat16":
             gen = copy.deepcopy(policy).to(dtype=torch.bfloat16).eval()
             gen.requires_grad_(False)
-            self._rollout_copy = True
             return backend_cls(gen, self._tokenizer, max_batch_size=cfg.model.max_batch_size)
-        self._rollout_copy = False
         autocast = self.dtype if self.dtype != torch.float32 else None
         return backend_cls(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size, autocast_dtype=autocast)
 
     def _refresh_backend(self) -> None:
         update = getattr(self.backend, "update_weights", None)
-        if self._rollout_copy:
+        if self.cfg.model.rollout_weights == "bfloat16":  # the rollout's own copy: reload it
             self.backend.update_weights(self.models.policy.state_dict())  # float32 -> the copy's bf16, in place
             return
         try:
