@@ -1,12 +1,31 @@
-"""What machine a figure was measured on: every benchmark names the CPU beside its numbers.
+"""What machine a figure was measured on, and whether bf16 pays on it.
+
+Every benchmark and the quickstart's report name the CPU beside their numbers; the ``auto`` dtypes
+of evaluation and RL pick bfloat16 only where :func:`native_bf16` says the CPU has bf16 arithmetic
+(on AVX2-only CPUs bf16 measured 7-13x slower than float32, docs/rl.md).
 
 >>> isinstance(cpu_name(), str) and cpu_name() != ""
+True
+>>> isinstance(native_bf16(), bool)
 True
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+#: CPU flags of native bf16 arithmetic (AVX-512 BF16 dot products, AMX tiles)
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether the CPU's flags include native bf16 arithmetic (``False`` where they cannot be read)."""
+    try:
+        flags = set(Path(cpuinfo).read_text().split())
+    except OSError:
+        return False
+    return bool(flags & NATIVE_BF16_FLAGS)
 
 
 def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:

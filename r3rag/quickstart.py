@@ -36,6 +36,7 @@ cold-start data kept, SFT loss not falling, RL reward flat with every group filt
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -113,6 +114,25 @@ def _echo(line: str) -> None:
     print(line, flush=True)  # in order with the stage programs' output, also through a pipe
 
 
+def machine_note(budget_min: float | None, cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The start-up line naming the CPU; on one without native bf16 it says, before an hour is spent,
+    that every stage runs in float32 there and the preset's time budget was measured with bf16.
+
+    >>> machine_note(None, cpuinfo="/nonexistent").startswith("machine: unknown")
+    True
+    """
+    from r3rag.machine import cpu_name, native_bf16
+
+    line = f"machine: {cpu_name(cpuinfo)}, {os.cpu_count()} cores"
+    if native_bf16(cpuinfo):
+        return line
+    line += "; no native bf16 (avx512_bf16 / amx_bf16): every stage runs in float32"
+    if budget_min is not None:
+        line += (f", about 3x slower than on the CPUs the {budget_min:g}-minute budget was measured on "
+                 "(docs/quickstart.md, \"On an AVX2-only CPU\")")
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from r3rag.evaluation.methods import check_method
@@ -130,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(cfg.model.threads)
     ctx = Context(cfg=cfg, work=Path(cfg.work), repo_root=_REPO_ROOT, echo=_echo)
     print(f"r3rag quickstart: preset {cfg.preset}, work {cfg.work}, stages {', '.join(wanted)}", flush=True)
+    print(machine_note(cfg.report.budget_min), flush=True)
     try:
         run_pipeline(ctx, build_stages(cfg), wanted, redo=redo)
     except StageUnusable as err:

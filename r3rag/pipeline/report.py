@@ -72,15 +72,35 @@ def pick_base(runs: dict[str, dict[str, Any]]) -> str | None:
     return best
 
 
-def _stage_times(ctx: Context) -> list[tuple[str, float, int]]:
-    """``(stage, seconds over every invocation, invocations)`` of each finished stage."""
+def _stage_times(ctx: Context) -> list[tuple[str, float, int, str]]:
+    """``(stage, seconds over every invocation, invocations, CPU it finished on)`` of each finished stage."""
     state = PipelineState(ctx.work)
     out = []
     for stage in ("world", "index", "coldstart", "sft", "rl", "eval"):
         m = state.get(stage)
         if m is not None:
-            out.append((stage, float(m.get("elapsed_s", 0.0)), int(m.get("attempts", 1))))
+            out.append((stage, float(m.get("elapsed_s", 0.0)), int(m.get("attempts", 1)), str(m.get("cpu", "not recorded"))))
     return out
+
+
+def _time_lines(times: list[tuple[str, float, int, str]], budget: float | None) -> list[str]:
+    """The report's time table; the CPU is named once when every stage ran on the same one, else per row."""
+    total = sum(t for _, t, _, _ in times)
+    verdict = "" if budget is None else (f" (budget {budget:g} min: " + ("within" if total <= 60 * budget else "OVER") + ")")
+    cpus = sorted({c for *_, c in times})
+    one = len(cpus) == 1
+    head = ["| stage | time |", "|---|---|"] if one else ["| stage | time | CPU |", "|---|---|---|"]
+    rows = [f"| {s} | {_fmt_time(t)}{f' ({n} runs: resumed)' if n > 1 else ''} |" + ("" if one else f" {c} |")
+            for s, t, n, c in times]
+    lines = ["## Time per stage", ""]
+    if one:
+        lines += [f"CPU: {cpus[0]}.", ""]
+    lines += [*head, *rows, f"| total | {_fmt_time(total)}{verdict} |" + ("" if one else " |"), "",
+              "A stage's time adds every run that worked on it: a killed run's time counts (to within 30 s)."]
+    if any("avx512_bf16" not in c and c != "not recorded" for c in cpus) and budget is not None:
+        lines += ["", "This CPU has no native bf16 (no `avx512_bf16` / `amx_bf16`), so every stage ran in float32: "
+                  "about 3x slower than the budget's reference machine (docs/quickstart.md, \"On an AVX2-only CPU\")."]
+    return [*lines, ""]
 
 
 def _fmt_time(s: float) -> str:
@@ -221,13 +241,7 @@ def write_report(ctx: Context) -> dict[str, Any]:
     if claims:
         md += ["## Learning claims", "", *[f"- {c['text']}" for c in claims], ""]
     if times:
-        total = sum(t for _, t, _ in times)
-        budget = cfg.report.budget_min
-        verdict = "" if budget is None else (f" (budget {budget:g} min: " + ("within" if total <= 60 * budget else "OVER") + ")")
-        md += ["## Time per stage", "", "| stage | time |", "|---|---|",
-               *[f"| {s} | {_fmt_time(t)}{f' ({n} runs: resumed)' if n > 1 else ''} |" for s, t, n in times],
-               f"| total | {_fmt_time(total)}{verdict} |", "",
-               "A stage's time adds every run that worked on it: a killed run's time counts (to within 30 s).", ""]
+        md += _time_lines(times, cfg.report.budget_min)
     if curves:
         md += ["## RL curves", "", *[f"![RL curves]({c})" for c in curves], ""]
     if example_lines:
@@ -247,6 +261,6 @@ def write_report(ctx: Context) -> dict[str, Any]:
             w.writerows(csv_rows)
     atomic_write_json(out / "paired.json", paired)
     atomic_write_json(out / "claims.json", claims)
-    total_s = sum(t for _, t, _ in times)
+    total_s = sum(t for _, t, _, _ in times)
     return {"table": table, "diff_table": diff_table, "total_s": total_s, "claims": claims, "paired": paired, "others": other_lines,
             "times": times, "markdown": text, "n": n_eval, "checkpoint": runs[after]["model"] if after else None}

@@ -146,11 +146,9 @@ def eval_dtype(name: str) -> str:
     elsewhere (on AVX2-only CPUs bf16 is several times slower)."""
     if name != "auto":
         return name
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        flags = set()
-    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+    from r3rag.machine import native_bf16
+
+    return "bfloat16" if native_bf16() else "float32"
 
 
 def run_eval(ctx: Context) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import torch
 from r3rag.config import dump_config
 from r3rag.data.records import Question
 from r3rag.errors import ConfigError
+from r3rag.machine import native_bf16
 from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
@@ -73,11 +74,7 @@ def resolve_compute_dtype(name: str, device: str) -> torch.dtype:
         return torch.bfloat16
     if device.startswith("cuda"):
         return torch.bfloat16
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        flags = []
-    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+    return torch.bfloat16 if native_bf16() else torch.float32
 
 
 def next_iteration_fits(elapsed_s: float, last_iteration_s: float, max_minutes: float | None) -> bool:
