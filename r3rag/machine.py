@@ -17,6 +17,8 @@ from pathlib import Path
 
 #: CPU flags of native bf16 arithmetic (AVX-512 BF16 dot products, AMX tiles)
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+#: what :func:`cpu_name` appends for such a CPU (the report reads it back from stage markers)
+BF16_MARK = " (avx512_bf16)"
 
 
 def native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
@@ -29,11 +31,11 @@ def native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
 
 
 def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU's model name, with ``(avx512_bf16)`` when it has native bf16 arithmetic (which decides
+    """The CPU's model name, with :data:`BF16_MARK` when it has native bf16 arithmetic (which decides
     whether bf16 pays on it); ``unknown`` where the file cannot be read."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
         return "unknown"
     name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
-    return name + (" (avx512_bf16)" if "avx512_bf16" in text else "")
+    return name + (BF16_MARK if set(text.split()) & NATIVE_BF16_FLAGS else "")

@@ -26,6 +26,7 @@ from typing import Any
 
 from r3rag.evaluation.paired import means_with_ci, paired_differences
 from r3rag.evaluation.predictions import load_rows
+from r3rag.machine import BF16_MARK
 from r3rag.pipeline.checks import claim
 from r3rag.pipeline.runner import Context
 from r3rag.pipeline.state import PipelineState, atomic_write_json
@@ -97,9 +98,11 @@ def _time_lines(times: list[tuple[str, float, int, str]], budget: float | None) 
         lines += [f"CPU: {cpus[0]}.", ""]
     lines += [*head, *rows, f"| total | {_fmt_time(total)}{verdict} |" + ("" if one else " |"), "",
               "A stage's time adds every run that worked on it: a killed run's time counts (to within 30 s)."]
-    if any("avx512_bf16" not in c and c != "not recorded" for c in cpus) and budget is not None:
-        lines += ["", "This CPU has no native bf16 (no `avx512_bf16` / `amx_bf16`), so every stage ran in float32: "
-                  "about 3x slower than the budget's reference machine (docs/quickstart.md, \"On an AVX2-only CPU\")."]
+    slow = [c for c in cpus if BF16_MARK not in c and c != "not recorded"]
+    if slow and budget is not None:
+        lines += ["", f"{' and '.join(slow)}: no native bf16 (no `avx512_bf16` / `amx_bf16`), so its stages ran in "
+                  "float32, about 3x slower than on the budget's reference machines (docs/quickstart.md, "
+                  "\"On an AVX2-only CPU\")."]
     return [*lines, ""]
 
 
