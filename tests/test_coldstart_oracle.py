@@ -156,3 +156,48 @@ def test_grounding_restates_each_sub_question_then_gives_its_answer_or_says_it_i
     # without grounding nothing changes: the found-it wordings, no arrows after the first step
     plain = _run(setup, OracleVariety(seed=0, plan_style="relations", waste_prob=0.0, max_retries=1))
     assert not any(" -> " in s.analysis for t in plain for s in t.steps[1:])
+
+
+def _sortable(fact: str):
+    """A world fact as something to order: a year, or a 'D Month YYYY' date."""
+    from datetime import datetime
+
+    return int(fact) if fact.isdigit() else datetime.strptime(fact, "%d %B %Y")
+
+
+def test_compare_states_the_comparison_the_answer_rests_on_in_the_direction_the_facts_give(setup):
+    """With ``compare`` the last analysis of a comparison / yes-no question says which way the two
+    facts compare, then the answer. The direction is checked here against the facts themselves
+    (parsed years and dates, string equality), not against the gold answer the oracle reads it from."""
+    import re
+
+    qs, _ = setup
+    by_id = {q.id: q for q in qs}
+    trajs = _run(setup, OracleVariety(seed=0, plan_style="relations", compare=True))
+    seen_ops: dict[str, set[str]] = {}
+    for t in trajs:
+        q = by_id[t.question_id]
+        cmp = q.metadata.get("compare")
+        last = t.steps[-1]
+        if not cmp or t.answer == "unknown":
+            assert "so the answer is" not in last.analysis  # only where a comparison decides the answer
+            continue
+        dec = q.metadata["decomposition"]
+        x, y = (dec[k]["answer"] for k in cmp["steps"])
+        assert last.analysis.endswith(f", so the answer is {t.answer}."), last.analysis
+        if cmp["op"] == "same":
+            word = "the same" if x == y else "different"
+            assert f"{x} and {y} are {word}, so" in last.analysis
+            assert (t.answer == "yes") == (x == y)
+        else:
+            m = re.search(r"(.+?) is (earlier|later) than (.+?), so", last.analysis.split(". ")[-1])
+            assert m and (m.group(1), m.group(3)) == (x, y), last.analysis
+            word = "earlier" if _sortable(x) < _sortable(y) else "later"
+            assert m.group(2) == word, last.analysis
+        seen_ops.setdefault(cmp["op"], set()).add(word)
+    # both directions of a yes/no "same" and of an ordering were written on real retrieval
+    assert seen_ops.get("same") == {"the same", "different"}, seen_ops
+    assert {"earlier", "later"} <= set().union(*(v for k, v in seen_ops.items() if k != "same")), seen_ops
+    # off (the default): the plain closing wordings, no comparison sentence anywhere
+    plain = _run(setup, OracleVariety(seed=0, plan_style="relations"))
+    assert not any("so the answer is" in s.analysis for t in plain for s in t.steps)

@@ -648,3 +648,23 @@ def test_the_stage_clock_is_on_disk_while_the_stage_runs(tmp_path):
     finally:
         clock._stop.set()
         clock._thread.join()
+
+
+def test_the_by_type_table_shows_a_yes_no_student_that_always_says_yes():
+    """A student answering "yes" to every yes/no question scores the gold's share of "yes" there:
+    the section says so beside the gold share; a type only one model has gets an empty cell."""
+    from r3rag.pipeline.by_type import by_type_lines
+
+    def row(t, gold, pred):
+        return {"metadata": {"type": t}, "golden_answers": [gold], "prediction": pred, "scores": {"em": float(gold == pred)}}
+
+    golds = ["yes", "no", "no", "yes", "no"]
+    always_yes = [row("yesno", g, "yes") for g in golds] + [row("single", "Ann", "Ann")]
+    reads = [row("yesno", g, g) for g in golds] + [row("single", "Ann", "Bo"), row("bridge", "X", "X")]
+    lines = by_type_lines({"SFT": always_yes, "RL": reads})
+    table = {ln.split(" | ")[0].strip("| "): ln for ln in lines if ln.startswith("| ")}
+    assert table["yesno (two-way)"] == "| yesno (two-way) | 5 | 40.0 (yes 100% / gold 40%) | 100.0 (yes 40% / gold 40%) |"
+    assert table["single"] == "| single | 1 | 100.0 | 0.0 |"
+    assert table["bridge"] == "| bridge | 1 |  | 100.0 |"
+    # rows without a question type (a real benchmark's): no section at all
+    assert by_type_lines({"SFT": [{"scores": {"em": 1.0}, "metadata": {}}]}) == []

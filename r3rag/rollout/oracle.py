@@ -37,6 +37,11 @@ one fixed script learns the string, not the skill, so the oracle then behaves li
   X? -> not in these documents. Let me rephrase the search."): the student then decides "found or
   not" at one token, right after a question it can match against the passages, instead of
   choosing between a found-it and a retry wording before it has named what it looks for;
+- with ``compare``, the final analysis of a comparison or yes/no question states the comparison
+  the answer rests on ("1922 is later than 1919, so the answer is Jerkgylgrad Railway." /
+  "Upper Paenmouth and Starkvale are different, so the answer is no.") instead of only listing
+  the facts: without it the answer is one token that must compare two facts at once, and a
+  small student answers such questions at chance (always "yes" on yes/no questions);
 - when the sub-answer is not in the documents it rephrases and searches again
   (``max_retries`` per sub-question; de-duplication then shows the next passages of the ranking)
   before giving up, as long as the remaining steps (``max_steps``) still allow an answer.
@@ -83,6 +88,9 @@ class OracleVariety(Section):
     grounding: bool = Field(
         False, description="after each search, restate the sub-question and give what the documents say to it, or that "
         "they do not say it ('Who wrote X? -> Y.' / 'Who wrote X? -> not in these documents.'), instead of 'We found Y.'")
+    compare: bool = Field(
+        False, description="comparison and yes/no questions: the final analysis states the comparison the answer rests on "
+        "('1922 is later than 1919, so the answer is B.' / 'X and Y are the same, so the answer is yes.')")
 
 
 # ---- wordings ------------------------------------------------------------------------------------
@@ -172,6 +180,11 @@ GROUNDED_MISSING_MARK = "-> not in these documents."
 _GROUNDED_MISSING = "{sq} " + GROUNDED_MISSING_MARK + " "
 _GROUNDED_RETRY = ("Let me rephrase the search.", "I will search again with other words.", "A different query may find it.")
 
+#: the compare style (``OracleVariety.compare``): the comparison the answer of a comparison or
+#: yes/no question rests on, keyed by the world's ``compare.op`` ("same", "before", "earlier", "later")
+_COMPARE_SAME = ("{x} and {y} are the same, so the answer is {answer}.", "{x} and {y} are different, so the answer is {answer}.")
+_COMPARE_ORDER = "{x} is {rel} than {y}, so the answer is {answer}."
+
 _STOPWORDS = frozenset(
     "a an the of in on at to for by was is were are did does do who whom whose what which when where why how "
     "many much year".split()
@@ -186,6 +199,45 @@ def relation_name(sub: dict[str, Any]) -> str:
     """
     rel = str(sub.get("relation") or "fact")
     return RELATION_NAMES.get(rel, "the " + rel.replace("_", " "))
+
+
+def comparison_sentence(compare: dict[str, Any] | None, dec: list[dict[str, Any]], answer: str) -> str | None:
+    """The comparison a comparison or yes/no question's gold ``answer`` rests on, or None.
+
+    ``compare`` is the question's ``metadata["compare"]`` (``op``, the two compared ``steps``, the
+    two ``options``); the order of the two facts is read off the gold answer, so no date is parsed.
+
+    >>> dec = [{"answer": "1922"}, {"answer": "1919"}]
+    >>> comparison_sentence({"op": "earlier", "steps": [0, 1], "options": ["A", "B"]}, dec, "B")
+    '1922 is later than 1919, so the answer is B.'
+    >>> comparison_sentence({"op": "before", "steps": [0, 1], "options": ["A", "B"]}, dec, "no")
+    '1922 is later than 1919, so the answer is no.'
+    >>> comparison_sentence({"op": "same", "steps": [0, 1], "options": ["A", "B"]}, dec, "no")
+    '1922 and 1919 are different, so the answer is no.'
+    """
+    if not compare or len(compare.get("steps") or []) != 2:
+        return None
+    i, j = compare["steps"]
+    if not (0 <= i < len(dec) and 0 <= j < len(dec)):
+        return None
+    x, y, op = dec[i]["answer"], dec[j]["answer"], compare.get("op")
+    if op == "same":
+        if answer.lower() not in ("yes", "no"):
+            return None
+        return _COMPARE_SAME[answer.lower() == "no"].format(x=x, y=y, answer=answer)
+    if op == "before":
+        if answer.lower() not in ("yes", "no"):
+            return None
+        x_first = answer.lower() == "yes"
+    elif op in ("earlier", "later"):
+        options = [str(o).lower() for o in compare.get("options") or []]
+        if len(options) != 2 or answer.lower() not in options:
+            return None
+        a_wins = answer.lower() == options[0]
+        x_first = a_wins if op == "earlier" else not a_wins
+    else:
+        return None
+    return _COMPARE_ORDER.format(x=x, y=y, rel="earlier" if x_first else "later", answer=answer)
 
 
 def _keywords(text: str) -> str:
@@ -370,7 +422,10 @@ class OracleBackend(PolicyBackend):
             return self.fmt.render_turn(i, text, answer=UNKNOWN)
         answer = q.golden_answers[0] if q.golden_answers else UNKNOWN
         facts = ", ".join(d["answer"] for d in dec) or "what I know"
-        return self.fmt.render_turn(i, (lead + rng.choice(_ANSWER).format(facts=facts)).strip(), answer=answer)
+        closing = rng.choice(_ANSWER).format(facts=facts)
+        if self.variety is not None and self.variety.compare:
+            closing = comparison_sentence(q.metadata.get("compare"), dec, answer) or closing
+        return self.fmt.render_turn(i, (lead + closing).strip(), answer=answer)
 
     def _out(self, text: str, req: GenerationRequest) -> GenerationOutput:
         ids = encode(self.tokenizer, text)
