@@ -100,6 +100,34 @@ def test_checkpoint_is_whole_or_absent(tmp_path):
     json.dumps(state)
 
 
+def test_a_run_killed_before_its_first_checkpoint_logs_its_start_evaluation_once(tmp_path, monkeypatch):
+    """Seen on a GPU: a run that died in its first iteration (out of memory) had logged its start
+    evaluation; the rerun starts from scratch and logs it again. metrics.jsonl must hold it once."""
+    from r3rag.train.rl.loop import RLTrainer
+    from tests.rl_helpers import QUESTIONS, tiny_cfg, tiny_trainer
+
+    def trainer():
+        cfg = tiny_cfg("group_norm", iterations=2)
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_at_start": True, "eval_at_end": False})})
+        t = tiny_trainer(cfg, tmp_path)
+        t._eval_questions = QUESTIONS[:2]
+        return t
+
+    real = RLTrainer.iteration
+
+    def dies(self, it):
+        raise MemoryError("out of memory in the first update")
+
+    monkeypatch.setattr(RLTrainer, "iteration", dies)
+    with pytest.raises(MemoryError):
+        trainer().run()
+    assert [(r["step"], r["kind"]) for r in read_records(tmp_path / "metrics.jsonl")] == [(0, "eval")]
+    monkeypatch.setattr(RLTrainer, "iteration", real)
+    trainer().run()
+    recs = read_records(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["kind"]) for r in recs] == [(0, "eval"), (1, "train"), (2, "train")]
+
+
 def test_time_budget_and_end_evaluation_are_wired_into_the_loop(tmp_path, monkeypatch):
     import r3rag.train.rl.loop as loop
     from tests.rl_helpers import QUESTIONS, tiny_cfg, tiny_trainer

@@ -54,7 +54,8 @@ class MetricsLog:
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / METRICS
         if self.path.exists():
-            truncate_records(self.path, resume_step)
+            # a run with no checkpoint starts over and logs its start evaluation again: keep nothing
+            truncate_records(self.path, resume_step if resume_step > 0 else -1)
         self._fh = self.path.open("a", encoding="utf-8")
         self.tb = None
         if tensorboard:
