@@ -174,10 +174,10 @@ def rl_summary(out: Path, resamples: int) -> dict[str, Any]:
     from r3rag.evaluation.paired import paired_differences
     from r3rag.evaluation.predictions import load_rows
     from r3rag.train.rl.evaluate import retrievals_by_hops
+    from r3rag.train.rl.metrics import METRICS, read_records
 
     evals = sorted((out / "eval").glob("step_*.jsonl"))
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train = [r for r in recs if r.get("kind") == "train"]
+    train = [r for r in read_records(out / METRICS) if r.get("kind") == "train"]
     before, after = load_rows(evals[0]), load_rows(evals[-1])
     phases = sorted({k for r in train for k in r if k.startswith("time/")})
 

@@ -656,7 +656,9 @@ def test_the_by_type_table_shows_a_yes_no_student_that_always_says_yes():
     from r3rag.pipeline.by_type import by_type_lines
 
     def row(t, gold, pred):
-        return {"metadata": {"type": t}, "golden_answers": [gold], "prediction": pred, "scores": {"em": float(gold == pred)}}
+        em = float(gold == pred)
+        return {"metadata": {"type": t}, "golden_answers": [gold], "prediction": pred,
+                "scores": {"em": em, "f1": em, "cover_em": em, "acc": em}}
 
     golds = ["yes", "no", "no", "yes", "no"]
     always_yes = [row("yesno", g, "yes") for g in golds] + [row("single", "Ann", "Ann")]
@@ -667,4 +669,4 @@ def test_the_by_type_table_shows_a_yes_no_student_that_always_says_yes():
     assert table["single"] == "| single | 1 | 100.0 | 0.0 |"
     assert table["bridge"] == "| bridge | 1 |  | 100.0 |"
     # rows without a question type (a real benchmark's): no section at all
-    assert by_type_lines({"SFT": [{"scores": {"em": 1.0}, "metadata": {}}]}) == []
+    assert by_type_lines({"SFT": [{"scores": {"em": 1.0, "f1": 1.0, "cover_em": 1.0, "acc": 1.0}, "metadata": {}}]}) == []

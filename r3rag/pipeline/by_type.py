@@ -7,9 +7,11 @@ yes/no question scores exactly that. The quickstart's report therefore has one r
 type (the world's ``metadata.type``) with each model's EM, and for yes/no questions the share of
 "yes" answers beside the share of "yes" golds: 100 against 50 is a student that does not compare.
 
->>> rows = [{"metadata": {"type": "yesno"}, "golden_answers": ["no"], "prediction": "yes", "scores": {"em": 0.0}},
-...         {"metadata": {"type": "yesno"}, "golden_answers": ["yes"], "prediction": "Yes", "scores": {"em": 1.0}},
-...         {"metadata": {"type": "single"}, "golden_answers": ["Ann"], "prediction": "Ann", "scores": {"em": 1.0}}]
+>>> def row(t, gold, pred):
+...     em = float(gold.lower() == pred.lower())
+...     return {"metadata": {"type": t}, "golden_answers": [gold], "prediction": pred,
+...             "scores": {"em": em, "f1": em, "cover_em": em, "acc": em}}
+>>> rows = [row("yesno", "no", "yes"), row("yesno", "yes", "Yes"), row("single", "Ann", "Ann")]
 >>> s = type_stats(rows)
 >>> s["yesno"]["em"], s["yesno"]["said_yes"], s["yesno"]["gold_yes"], s["single"]["n"]
 (50.0, 100.0, 50.0, 1)
@@ -19,25 +21,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from r3rag.evaluation.aggregate import breakdown
+
 #: question types with two possible answers, where guessing scores 50 EM
 TWO_WAY = ("yesno", "comparison")
 
 
 def type_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``{type: {"n", "em", and for yes/no "said_yes", "gold_yes"}}`` (percentages); rows without
-    a ``metadata.type`` are left out."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        t = (r.get("metadata") or {}).get("type")
-        if t is not None:
-            groups.setdefault(str(t), []).append(r)
-    out: dict[str, dict[str, Any]] = {}
-    for t, g in sorted(groups.items()):
-        s: dict[str, Any] = {"n": len(g), "em": 100.0 * sum(float(r["scores"]["em"]) for r in g) / len(g)}
-        if t == "yesno":
-            s["said_yes"] = 100.0 * sum(str(r.get("prediction") or "").strip().lower().startswith("yes") for r in g) / len(g)
-            s["gold_yes"] = 100.0 * sum(str((r.get("golden_answers") or [""])[0]).lower() == "yes" for r in g) / len(g)
-        out[t] = s
+    """``{type: {"n", "em", and for yes/no "said_yes", "gold_yes"}}`` (percentages), from the
+    evaluation's own per-type breakdown; rows without a ``metadata.type`` are left out."""
+    out = {t: {"n": m["n"], "em": m["em"]} for t, m in breakdown(rows, "type").items()}
+    yesno = [r for r in rows if (r.get("metadata") or {}).get("type") == "yesno"]
+    if yesno:
+        out["yesno"]["said_yes"] = 100.0 * sum(str(r.get("prediction") or "").strip().lower().startswith("yes")
+                                               for r in yesno) / len(yesno)
+        out["yesno"]["gold_yes"] = 100.0 * sum(str((r.get("golden_answers") or [""])[0]).lower() == "yes"
+                                               for r in yesno) / len(yesno)
     return out
 
 

@@ -40,8 +40,9 @@ one fixed script learns the string, not the skill, so the oracle then behaves li
 - with ``compare``, the final analysis of a comparison or yes/no question states the comparison
   the answer rests on ("1922 is later than 1919, so the answer is Jerkgylgrad Railway." /
   "Upper Paenmouth and Starkvale are different, so the answer is no.") instead of only listing
-  the facts: without it the answer is one token that must compare two facts at once, and a
-  small student answers such questions at chance (always "yes" on yes/no questions);
+  the facts (without it the answer is one token that must compare two facts at once, and the
+  SmolLM2 student answers such questions at chance). Measured, it made SFT worse: the student
+  writes the sentence but compares the dates at chance (docs/coldstart_sft.md 5.0.4), so it is off;
 - when the sub-answer is not in the documents it rephrases and searches again
   (``max_retries`` per sub-question; de-duplication then shows the next passages of the ranking)
   before giving up, as long as the remaining steps (``max_steps``) still allow an answer.
