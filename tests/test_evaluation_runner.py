@@ -135,3 +135,23 @@ def test_unknown_method_and_oracle_without_decomposition(tmp_path, fixtures_dir)
         run_evaluation(cfg, tmp_path / "b")
     with pytest.raises(ConfigError, match="shard"):
         load_config(EvaluationConfig, None, ["run.shard=2/2"])
+
+
+def test_vllm_engine_arguments_reach_the_engine_and_hf_settings_do_not(monkeypatch):
+    """``model.engine_kwargs`` and ``model.dtype`` go to the vLLM backend's constructor (where they
+    become ``vllm.LLM(...)`` arguments); the HF backend's own settings are not passed to vLLM."""
+    from r3rag.evaluation import components
+    from r3rag.rollout.backends import registry
+
+    seen: dict = {}
+    monkeypatch.setitem(registry.BACKENDS, "vllm", lambda **kw: seen.update(kw) or "engine")
+    cfg = EvaluationConfig.model_validate({"model": {"backend": "vllm", "path": "/ckpt", "dtype": "bfloat16",
+                                                     "engine_kwargs": {"max_model_len": 4096, "enforce_eager": True}}})
+    assert components.load_backend(cfg.model) == "engine"
+    assert seen == {"model": "/ckpt", "dtype": "bfloat16", "max_model_len": 4096, "enforce_eager": True}
+    # the same keys from the command line, as benchmark/perf/eval_backends.py passes them
+    cfg = load_config(EvaluationConfig, None, ["model.backend=vllm", "model.path=/ckpt",
+                                                "model.engine_kwargs={max_model_len: 2048, seed: 0}"])
+    seen.clear()
+    components.load_backend(cfg.model)
+    assert seen == {"model": "/ckpt", "dtype": "float32", "max_model_len": 2048, "seed": 0}

@@ -227,3 +227,54 @@ def test_a_bf16_rollout_copy_generates_with_the_weights_of_each_iteration(tmp_pa
     assert [s["stale"] for s in seen] == [0.0, 0.0, 0.0]  # the copy equals the trainer's weights, rounded to bf16
     assert not torch.equal(seen[0]["embed"], seen[2]["embed"])  # ... which the updates did move
     assert next(t.models.policy.parameters()).dtype == torch.float32  # the trainer's own weights stay float32
+
+
+def test_a_vllm_rollout_starts_from_a_saved_folder_and_gets_the_trainers_weights_every_iteration(tmp_path, monkeypatch):
+    """``model.rollout_backend: vllm``: the engine (here a stand-in that, like vLLM, holds its own
+    copy of the model) starts from an HF folder of the starting weights, with the trainer's dtype,
+    the run's seed and the configured engine arguments; before every rollout it is sent the
+    trainer's current weights, so no rollout samples with stale ones."""
+    from transformers import AutoModelForCausalLM
+
+    from r3rag.rollout.backends import vllm as vllm_backend
+    from r3rag.rollout.backends.hf import HFBackend
+    from tests.rl_helpers import tiny_cfg, tiny_trainer
+
+    started, sent = [], []
+
+    class OwnCopyEngine(HFBackend):
+        def __init__(self, model, tokenizer=None, **kwargs):
+            started.append((model, kwargs))
+            super().__init__(AutoModelForCausalLM.from_pretrained(model), tokenizer)  # its own copy, read from the folder
+
+        def update_weights(self, state_dict=None):
+            sent.append({k: v.detach().clone() for k, v in state_dict.items()})
+            self.model.load_state_dict(state_dict)
+            self.clear_cache()
+
+    monkeypatch.setattr(vllm_backend, "VLLMBackend", OwnCopyEngine)
+    cfg = tiny_cfg("group_norm", iterations=3)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"rollout_backend": "vllm",
+                                                                       "rollout_engine_kwargs": {"enforce_eager": True}})})
+    t = tiny_trainer(cfg, tmp_path / "vllm")
+    start = {k: v.detach().clone() for k, v in t._model.state_dict().items()}
+    seen = []
+    inner = t._rollout
+
+    def rollout(it):
+        gen, pol = t.backend.model.state_dict(), t.models.policy.state_dict()
+        seen.append({"separate": t.backend.model is not t.models.policy,
+                     "stale": max(float((gen[k] - pol[k]).abs().max()) for k in pol)})
+        return inner(it)
+
+    t._rollout = rollout
+    t.run()
+    (folder, kwargs), = started
+    assert folder == str(tmp_path / "vllm" / "rollout-init")
+    assert kwargs == {"dtype": "float32", "seed": cfg.train.seed, "enforce_eager": True}
+    saved = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    assert all(torch.equal(saved[k], start[k]) for k in start)  # the folder holds the starting weights
+    assert len(sent) == 3 and len(seen) == 3  # one weight transfer before each rollout
+    assert all(s["separate"] for s in seen) and [s["stale"] for s in seen] == [0.0, 0.0, 0.0]
+    key = "model.embed_tokens.weight"
+    assert torch.equal(sent[0][key], start[key]) and not torch.equal(sent[2][key], start[key])  # the updates moved it

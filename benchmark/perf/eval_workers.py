@@ -34,10 +34,10 @@ from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 from r3rag.machine import cpu_name  # noqa: E402
 
 
-def run_config(base: list[str], out: Path, workers: int, threads: int) -> float:
+def run_config(base: list[str], out: Path, workers: int, threads: int, extra_env: dict[str, str] | None = None) -> float:
     """Wall seconds of one configuration: ``workers`` processes of ``threads // workers`` threads."""
     per = max(1, threads // workers)
-    env = {**os.environ, "OMP_NUM_THREADS": str(per), "MKL_NUM_THREADS": str(per), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(per), "MKL_NUM_THREADS": str(per), "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
     dirs = [out] if workers == 1 else [out / f"shard-{i}" for i in range(workers)]
     t0 = time.perf_counter()
     procs = [subprocess.Popen([*base, "--out", str(d), *(["--shard", f"{i}/{workers}"] if workers > 1 else [])],

@@ -57,6 +57,8 @@ def _load_backend(cfg: ModelConfig) -> PolicyBackend:
     if cfg.backend == "hf":
         return get_backend("hf", model=cfg.path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
                            shared_prefix_tokens=cfg.shared_prefix_tokens)
+    if cfg.backend in ("vllm", "vllm_async"):
+        return get_backend(cfg.backend, model=cfg.path, dtype=cfg.dtype, **cfg.engine_kwargs)
     return get_backend(cfg.backend, model=cfg.path)
 
 

@@ -8,6 +8,7 @@ dotted overrides listed in :data:`FLAG_KEYS`.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -42,6 +43,9 @@ class ModelConfig(Section):
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass in the HF backend")
     shared_prefix_tokens: int = Field(
         32, ge=0, description="HF backend: the shortest prompt prefix common to all prompts (chat template, system prompt) worth prefilling once and reusing; 0 = off"
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="backend vllm / vllm_async: more vLLM engine arguments (max_model_len, enforce_eager, seed, ...); model.dtype is passed as dtype"
     )
 
 

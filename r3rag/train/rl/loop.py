@@ -366,6 +366,8 @@ class RLTrainer:
         copy of it (no per-op casts, half the weight memory traffic), which
         :meth:`_refresh_backend` reloads from the trainer's weights before every rollout."""
         cfg = self.cfg
+        if cfg.model.rollout_backend == "vllm":
+            return self._vllm_backend(policy)
         if cfg.model.rollout_weights == "bfloat16":
             gen = copy.deepcopy(policy).to(dtype=torch.bfloat16).eval()
             gen.requires_grad_(False)
@@ -373,8 +375,28 @@ class RLTrainer:
         autocast = self.dtype if self.dtype != torch.float32 else None
         return backend_cls(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size, autocast_dtype=autocast)
 
+    def _vllm_backend(self, policy: Any) -> Any:
+        """A vLLM engine colocated with the trainer (in this process, on the same device).
+
+        vLLM reads only HF folders, so the starting weights are written to ``OUT/rollout-init``
+        first (the packaged GGUF or a hub name becomes a folder too); from then on the engine gets
+        the trainer's weights before every rollout (:meth:`_refresh_backend`, through
+        ``VLLMBackend.update_weights``), so a resumed run never samples with the starting ones.
+        On a GPU give vLLM a share of the memory (``model.rollout_engine_kwargs:
+        {gpu_memory_utilization: 0.3}``): the trainer needs the rest."""
+        from r3rag.rollout.backends import vllm as vllm_backend
+
+        cfg = self.cfg
+        init = save_hf_folder(policy, self._tokenizer, self.out / "rollout-init")
+        kwargs = {"dtype": "bfloat16" if self.dtype == torch.bfloat16 else "float32", "seed": cfg.train.seed,
+                  **cfg.model.rollout_engine_kwargs}
+        return vllm_backend.VLLMBackend(str(init), tokenizer=self._tokenizer, **kwargs)
+
     def _refresh_backend(self) -> None:
         update = getattr(self.backend, "update_weights", None)
+        if self.cfg.model.rollout_backend == "vllm":  # the engine holds its own copy: send it the trainer's weights
+            self.backend.update_weights(self.models.policy.state_dict())
+            return
         if self.cfg.model.rollout_weights == "bfloat16":  # the rollout's own copy: reload it
             self.backend.update_weights(self.models.policy.state_dict())  # float32 -> the copy's bf16, in place
             return
@@ -385,6 +407,15 @@ class RLTrainer:
                 self.backend.clear_cache()
         except Exception:  # noqa: BLE001 - a backend without the hook: clearing its caches is enough
             self.backend.clear_cache()
+
+    def _pad_id(self) -> int:
+        """Filler of the trainer's padded rows (masked out everywhere): the HF backend's pad id, else the
+        tokenizer's pad or end-of-sequence token."""
+        pad = getattr(self.backend, "pad_id", None)
+        if pad is None:
+            tok = self.models.tokenizer
+            pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        return int(pad)
 
     # ---- one iteration -------------------------------------------------------------------------------
     def _rollout(self, it: int) -> list[Trajectory]:
@@ -426,7 +457,7 @@ class RLTrainer:
         })
         if sel.keep:
             kept = [trajs[i] for i in sel.keep]
-            batch = build_batch(kept, [rewards[i] for i in sel.keep], self.backend.pad_id, cfg.rollout.temperature_for)
+            batch = build_batch(kept, [rewards[i] for i in sel.keep], self._pad_id(), cfg.rollout.temperature_for)
             rec.update(self._train_on(batch, times, it))
         else:
             times["time/forward"] = times["time/update"] = 0.0
