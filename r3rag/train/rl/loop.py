@@ -394,11 +394,9 @@ class RLTrainer:
 
     def _refresh_backend(self) -> None:
         update = getattr(self.backend, "update_weights", None)
-        if self.cfg.model.rollout_backend == "vllm":  # the engine holds its own copy: send it the trainer's weights
-            self.backend.update_weights(self.models.policy.state_dict())
-            return
-        if self.cfg.model.rollout_weights == "bfloat16":  # the rollout's own copy: reload it
-            self.backend.update_weights(self.models.policy.state_dict())  # float32 -> the copy's bf16, in place
+        m = self.cfg.model
+        if m.rollout_backend == "vllm" or m.rollout_weights == "bfloat16":  # the rollout's own copy: send it the weights
+            self.backend.update_weights(self.models.policy.state_dict())  # vLLM reloads in place; the bf16 copy casts
             return
         try:
             if update is not None:
