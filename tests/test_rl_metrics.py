@@ -278,3 +278,21 @@ def test_a_vllm_rollout_starts_from_a_saved_folder_and_gets_the_trainers_weights
     assert all(s["separate"] for s in seen) and [s["stale"] for s in seen] == [0.0, 0.0, 0.0]
     key = "model.embed_tokens.weight"
     assert torch.equal(sent[0][key], start[key]) and not torch.equal(sent[2][key], start[key])  # the updates moved it
+
+
+def test_the_rollout_generates_on_the_trainers_thread_unless_told_otherwise(tmp_path):
+    """model.rollout_inline (default true): the HF rollout runs on the trainer's thread (one OpenMP
+    team for generation and update); false gives the older worker-thread rollout, for both the
+    shared model and the bf16 copy."""
+    from tests.rl_helpers import tiny_cfg, tiny_trainer
+
+    cfg = tiny_cfg("group_norm", iterations=1)
+    tr = tiny_trainer(cfg, tmp_path / "inline")
+    tr._build()
+    assert tr.backend.inline is True
+    cfg2 = tiny_cfg("group_norm", iterations=1)
+    cfg2.model.rollout_inline = False
+    cfg2.model.rollout_weights = "bfloat16"
+    tr2 = tiny_trainer(cfg2, tmp_path / "thread")
+    tr2._build()
+    assert tr2.backend.inline is False and tr2.backend.model is not tr2.models.policy

@@ -200,3 +200,29 @@ def test_autocast_generation_uses_bf16_and_stays_consistent():
     assert next(model.parameters()).dtype == torch.float32
     assert [o.token_ids for o in batch] == [o.token_ids for o in alone]
     assert all(len(o.token_ids) == 10 for o in batch)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_inline_generation_runs_on_the_calling_thread_with_the_same_results(inline):
+    """``inline=True`` (the RL trainer, the evaluation) generates on the event loop's own thread, so
+    torch keeps one OpenMP team; the default hands the batch to a worker thread (a server's loop
+    stays free). Either way the sampled ids are the same."""
+    import asyncio
+    import threading
+
+    be = HFBackend(tiny_model(), tiny_tokenizer(), max_batch_size=8, inline=inline)
+    seen: list[int] = []
+    original = be.generate_batch
+
+    def spy(requests):
+        seen.append(threading.get_ident())
+        return original(requests)
+
+    be.generate_batch = spy
+    reqs = [req(p, max_tokens=6, temperature=1.0, seed=11) for p in PROMPTS]
+    caller = threading.get_ident()
+    outs = asyncio.run(be.agenerate(reqs))
+    assert len(seen) == 1 and (seen[0] == caller) is inline
+    reference = HFBackend(tiny_model(), tiny_tokenizer(), max_batch_size=8).generate_batch(reqs)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    assert any(o.token_ids != outs[0].token_ids for o in outs[1:])  # sampled rows differ: the check compares something

@@ -1,24 +1,30 @@
-"""The RL rollout with the trainer's float32 model under bf16 autocast, or with a bf16 copy of it.
+"""The RL rollout under different settings, before and after an update.
 
-``train/rl.py`` generates each iteration's trajectories before it trains on them. By default
-(``model.rollout_weights: shared``) the rollout runs the trainer's own float32 model inside
-``torch.autocast(bfloat16)``; ``model.rollout_weights: bfloat16`` gives the rollout a bf16 copy,
-reloaded from the trainer's weights at the start of every iteration. This benchmark builds one
-trainer per mode from the same RL config and checkpoint and, for each:
+``train/rl.py`` generates each iteration's trajectories before it trains on them. Settings
+compared (``--modes``, the first is the baseline of the ratios):
+
+- ``shared``: the trainer's own float32 model under bf16 autocast, generating on the trainer's
+  thread (``model.rollout_weights: shared``, ``model.rollout_inline: true``, the defaults);
+- ``thread``: the same, generating in a worker thread (``model.rollout_inline: false``, the older
+  behaviour);
+- ``bfloat16``: a bf16 copy reloaded from the trainer's weights at every iteration
+  (``model.rollout_weights: bfloat16``).
+
+For each setting the benchmark builds a trainer from the same RL config and checkpoint and:
 
 1. times a rollout (``--questions`` prompts x ``rollout.n_samples``, the config's sampling);
 2. runs one real training iteration (rollout, rewards, update: the optimizer moves the weights);
 3. times another rollout with the updated weights (does generation slow down after an update?).
 
-The modes run in alternating order over ``--repeats`` (AB, BA, ...), so drift on a noisy machine
-falls on both. Sampled trajectories differ between modes (different rounding), so speed is
+The settings run in alternating order over ``--repeats`` (AB, BA, ...), so drift on a noisy machine
+falls on both. Sampled trajectories differ between settings (different rounding), so speed is
 compared per generated token; forward passes are timed with
 :class:`r3rag.evaluation.profile.ForwardTimer` to split generation into model work and the
 backend's Python work. The retriever is the world's BM25 index in this process (retrieval is
 under 1% of a rollout). The last line is a one-line JSON summary.
 
     python benchmark/perf/rl_rollout.py --quick
-    python benchmark/perf/rl_rollout.py --model WORK/sft --world-dir WORK/world
+    python benchmark/perf/rl_rollout.py --model WORK/sft --world-dir WORK/world --modes thread,shared
 """
 
 from __future__ import annotations
@@ -38,7 +44,11 @@ sys.path.insert(0, str(ROOT))
 from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 from r3rag.machine import cpu_name  # noqa: E402
 
-MODES = ("shared", "bfloat16")
+MODES = {
+    "shared": ["model.rollout_weights=shared", "model.rollout_inline=true"],
+    "thread": ["model.rollout_weights=shared", "model.rollout_inline=false"],
+    "bfloat16": ["model.rollout_weights=bfloat16", "model.rollout_inline=true"],
+}
 
 
 def timed_rollout(trainer, it: int) -> dict:
@@ -67,35 +77,31 @@ def main() -> int:
     p.add_argument("--world-dir", default=None, help="world folder (default: a medium world under runs/)")
     p.add_argument("--questions", type=int, default=8, help="prompts per rollout (default: %(default)s)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1, help="alternating passes over both modes (default: %(default)s)")
+    p.add_argument("--modes", default="shared,bfloat16", help=f"comma-separated, of {', '.join(MODES)}; the first is the baseline (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1, help="alternating passes over the modes (default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="more RL config overrides (repeatable)")
     args = p.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        p.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
 
     import torch
 
     from r3rag.config import load_config
-    from r3rag.evaluation.datasets import ensure_world
+    from r3rag.train.rl.bench_setup import trainer_overrides
     from r3rag.train.rl.config import RLConfig
     from r3rag.train.rl.loop import RLTrainer
 
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="r3rag-perf-rlrollout-"))
-    model_path, extra = args.model, []
-    if args.quick:
-        from r3rag.testing.tiny_models import save_tiny_model
-
-        model_path = str(save_tiny_model(tmp / "tiny"))
-        extra = ["algo.dynamic_filtering=false", "rollout.max_new_tokens=48", "rollout.max_turn_tokens=16", "rollout.max_steps=2"]
-    size = "small" if args.quick else "medium"
-    world = ensure_world(Path(args.world_dir) if args.world_dir else (tmp / "world" if args.quick else ROOT / "runs" / "world-medium"), size=size)
-    base = [f"model.path={model_path}", f"model.threads={args.threads}", f"data.world_dir={world}", f"data.world_size={size}",
-            f"train.questions_per_iter={args.questions}", "train.progress=false", "train.tensorboard=false",
-            "train.eval_at_start=false", "train.eval_at_end=false", *extra, *args.overrides]
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    model_path, common = trainer_overrides(args.model, args.world_dir, args.threads, args.quick, tmp, ROOT / "runs" / "world-medium")
+    base = [*common, f"train.questions_per_iter={args.questions}", *args.overrides]
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.repeats):
-        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-            cfg = load_config(RLConfig, args.config, [*base, f"model.rollout_weights={mode}"]).check()
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            cfg = load_config(RLConfig, args.config, [*base, *MODES[mode]]).check()
             trainer = RLTrainer(cfg, tmp / f"{mode}-{r}")
             trainer._build()
             before = timed_rollout(trainer, 1000 + r)
@@ -116,11 +122,15 @@ def main() -> int:
         rows = [x[key] for x in runs[mode]]
         return sum(x["generated_tokens"] for x in rows) / sum(x["wall_s"] for x in rows)
 
+    first = modes[0]
     summary = {"benchmark": "rl_rollout", "quick": args.quick, "model": Path(model_path).name, "threads": args.threads,
-               "questions": args.questions, "cpu": cpu_name(),
-               "speedup_bf16_copy_before_update": round(mean_rate("bfloat16", "before_update") / mean_rate("shared", "before_update"), 3),
-               "speedup_bf16_copy_after_update": round(mean_rate("bfloat16", "after_update") / mean_rate("shared", "after_update"), 3),
-               "shared_after_over_before": round(mean_rate("shared", "after_update") / mean_rate("shared", "before_update"), 3),
+               "questions": args.questions, "cpu": cpu_name(), "baseline": first,
+               "tokens_per_s": {m: {"before_update": round(mean_rate(m, "before_update"), 1),
+                                    "after_update": round(mean_rate(m, "after_update"), 1)} for m in modes},
+               "update_s": {m: round(sum(x["iteration"]["update_s"] for x in runs[m]) / len(runs[m]), 2) for m in modes},
+               "speedup_vs_baseline": {m: {k: round(mean_rate(m, k) / mean_rate(first, k), 3) for k in ("before_update", "after_update")}
+                                       for m in modes[1:]},
+               "after_over_before": {m: round(mean_rate(m, "after_update") / mean_rate(m, "before_update"), 3) for m in modes},
                "runs": runs}
     print(json.dumps(summary))
     return 0

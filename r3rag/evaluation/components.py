@@ -56,7 +56,7 @@ def _load_backend(cfg: ModelConfig) -> PolicyBackend:
         return get_backend("openai", base_url=base_url, model=cfg.api_model, tokenizer=load_tokenizer(tok_src))
     if cfg.backend == "hf":
         return get_backend("hf", model=cfg.path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
-                           shared_prefix_tokens=cfg.shared_prefix_tokens)
+                           shared_prefix_tokens=cfg.shared_prefix_tokens, inline=True)  # batch work: generate on the loop's thread (HFBackend.inline)
     if cfg.backend in ("vllm", "vllm_async"):
         return get_backend(cfg.backend, model=cfg.path, dtype=cfg.dtype, **cfg.engine_kwargs)
     return get_backend(cfg.backend, model=cfg.path)

@@ -96,8 +96,17 @@ class HFBackend(PolicyBackend):
         max_cached_bytes: int = 2 << 30,
         shared_prefix_tokens: int = 32,
         autocast_dtype: Any = None,
+        inline: bool = False,
     ) -> None:
         self.model = model
+        #: run each batch on the event loop's own thread instead of a worker thread. For batch work
+        #: whose loop has nothing else to do meanwhile (the RL trainer, the evaluation): with torch
+        #: on several OpenMP threads, a second thread that runs torch ops starts a second OpenMP
+        #: team, libgomp then counts more threads than cores and stops spin-waiting between
+        #: parallel regions, and every small op of a decode step pays a wake-up (measured: decode
+        #: steps 2x slower from a worker thread on 2 cores; benchmark/perf/rl_rollout.py). A server
+        #: (the demo) keeps the default, so its event loop stays free while a batch runs.
+        self.inline = inline
         #: run generation under ``torch.autocast`` with this dtype (e.g. bfloat16 on a CPU with
         #: AVX-512 while the trainer keeps float32 weights); None: the weights' own dtype
         self.autocast_dtype = autocast_dtype
@@ -136,6 +145,8 @@ class HFBackend(PolicyBackend):
         return cls(model, tok, **kw)
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        if self.inline:
+            return self.generate_batch(requests)
         return await asyncio.to_thread(self.generate_batch, requests)
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:

