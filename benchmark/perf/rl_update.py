@@ -61,7 +61,7 @@ def main() -> int:
     import torch
 
     from r3rag.config import load_config
-    from r3rag.train.rl.bench_setup import trainer_overrides
+    from r3rag.testing.rl_bench import trainer_overrides
     from r3rag.train.rl.batch import build_batch, select
     from r3rag.train.rl.config import RLConfig
     from r3rag.train.rl.estimators import GROUP_ESTIMATORS
