@@ -103,9 +103,10 @@ class HFBackend(PolicyBackend):
         #: whose loop has nothing else to do meanwhile (the RL trainer, the evaluation): with torch
         #: on several OpenMP threads, a second thread that runs torch ops starts a second OpenMP
         #: team, libgomp then counts more threads than cores and stops spin-waiting between
-        #: parallel regions, and every small op of a decode step pays a wake-up (measured: decode
-        #: steps 2x slower from a worker thread on 2 cores; benchmark/perf/rl_rollout.py). A server
-        #: (the demo) keeps the default, so its event loop stays free while a batch runs.
+        #: parallel regions, so every small op of a decode step pays a wake-up (2 cores: 40 decode
+        #: steps 2.1x slower from a worker thread in a micro-test; in the RL trainer 1.01x before an
+        #: update and 1.19x after one, benchmark/perf/rl_rollout.py --modes thread,shared; docs/rl.md).
+        #: A server (the demo) keeps the default, so its event loop stays free while a batch runs.
         self.inline = inline
         #: run generation under ``torch.autocast`` with this dtype (e.g. bfloat16 on a CPU with
         #: AVX-512 while the trainer keeps float32 weights); None: the weights' own dtype

@@ -47,20 +47,19 @@ def freeze_lower_layers(model: Any, n: int | None) -> FrozenSplit:
     """Freeze everything but the top ``n`` decoder layers and the final norm (in place).
 
     ``n`` None or at least the number of layers: nothing is frozen."""
-    if n is None:
-        try:
-            layers = decoder_layers(model)
-        except ConfigError:  # nothing to freeze: any architecture trains whole
-            layers = None
-    else:
+    if n is not None and n < 1:
+        raise ConfigError(f"model.trainable_layers must be at least 1 (or null for the whole model), got {n}")
+    try:
         layers = decoder_layers(model)
+    except ConfigError:
+        if n is not None:
+            raise
+        layers = None  # nothing to freeze: any architecture trains whole
     total = sum(p.numel() for p in model.parameters())
     if layers is None or n is None or n >= len(layers):
         model.requires_grad_(True)
         count = len(layers) if layers is not None else 0
         return FrozenSplit(count, count, total, total)
-    if n < 1:
-        raise ConfigError(f"model.trainable_layers must be at least 1 (or null for the whole model), got {n}")
     model.requires_grad_(False)
     for block in list(layers)[len(layers) - n:]:
         block.requires_grad_(True)
