@@ -229,6 +229,25 @@ def test_a_bf16_rollout_copy_generates_with_the_weights_of_each_iteration(tmp_pa
     assert next(t.models.policy.parameters()).dtype == torch.float32  # the trainer's own weights stay float32
 
 
+@pytest.mark.parametrize("compute,device,expected", [("bfloat16", "cpu", "bfloat16"), ("float32", "cpu", "shared")])
+def test_auto_rollout_weights_is_a_bf16_copy_only_when_the_cpu_computes_in_bf16(tmp_path, compute, device, expected):
+    """``model.rollout_weights: auto`` (the default): a bf16 copy on a CPU whose compute dtype is
+    bfloat16 (no per-step weight casts), the trainer's own model otherwise."""
+    from tests.rl_helpers import tiny_cfg, tiny_trainer
+
+    cfg = tiny_cfg("group_norm", iterations=1)
+    assert cfg.model.rollout_weights == "auto"
+    cfg.model.compute_dtype = compute
+    t = tiny_trainer(cfg, tmp_path / compute)
+    t._build()
+    assert t.rollout_weights == expected
+    if expected == "bfloat16":
+        assert t.backend.model is not t.models.policy and next(t.backend.model.parameters()).dtype == torch.bfloat16
+        assert t.backend.autocast_dtype is None  # the copy needs no autocast
+    else:
+        assert t.backend.model is t.models.policy and t.backend.autocast_dtype is None  # float32: no autocast either
+
+
 def test_a_vllm_rollout_starts_from_a_saved_folder_and_gets_the_trainers_weights_every_iteration(tmp_path, monkeypatch):
     """``model.rollout_backend: vllm``: the engine (here a stand-in that, like vLLM, holds its own
     copy of the model) starts from an HF folder of the starting weights, with the trainer's dtype,

@@ -4,11 +4,11 @@
 compared (``--modes``, the first is the baseline of the ratios):
 
 - ``shared``: the trainer's own float32 model under bf16 autocast, generating on the trainer's
-  thread (``model.rollout_weights: shared``, ``model.rollout_inline: true``, the defaults);
+  thread (``model.rollout_weights: shared``, ``model.rollout_inline: true``);
 - ``thread``: the same, generating in a worker thread (``model.rollout_inline: false``, the older
   behaviour);
 - ``bfloat16``: a bf16 copy reloaded from the trainer's weights at every iteration
-  (``model.rollout_weights: bfloat16``).
+  (``model.rollout_weights: bfloat16``; what the default ``auto`` picks on a CPU computing in bf16).
 
 For each setting the benchmark builds a trainer from the same RL config and checkpoint and:
 
