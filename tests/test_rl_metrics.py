@@ -229,8 +229,8 @@ def test_a_bf16_rollout_copy_generates_with_the_weights_of_each_iteration(tmp_pa
     assert next(t.models.policy.parameters()).dtype == torch.float32  # the trainer's own weights stay float32
 
 
-@pytest.mark.parametrize("compute,device,expected", [("bfloat16", "cpu", "bfloat16"), ("float32", "cpu", "shared")])
-def test_auto_rollout_weights_is_a_bf16_copy_only_when_the_cpu_computes_in_bf16(tmp_path, compute, device, expected):
+@pytest.mark.parametrize("compute,expected", [("bfloat16", "bfloat16"), ("float32", "shared")])
+def test_auto_rollout_weights_is_a_bf16_copy_only_when_the_cpu_computes_in_bf16(tmp_path, compute, expected):
     """``model.rollout_weights: auto`` (the default): a bf16 copy on a CPU whose compute dtype is
     bfloat16 (no per-step weight casts), the trainer's own model otherwise."""
     from tests.rl_helpers import tiny_cfg, tiny_trainer
