@@ -102,6 +102,8 @@ class TrainSection(Section):
     seed: int = 0
     balance_by: str | None = Field(None, description="a question metadata key (e.g. hops): every iteration draws its prompts "
                                    "in turn from each value of it, instead of in proportion to the split")
+    skip_guessable: bool = Field(False, description="leave out of the RL prompts the questions a guess can answer: yes/no golds "
+                                 "and two-way choices whose gold is named in the question (r3rag/train/rl/guessable.py); evaluation keeps them")
     checkpoint_every: int = Field(1, ge=1, description="iterations between checkpoints (resume point)")
     keep_checkpoints: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0, description="held-out evaluation every N iterations (0: only before and after)")

@@ -58,6 +58,7 @@ from r3rag.train.rl.config import RLConfig
 from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
 from r3rag.train.rl.forward import policy_logprobs
 from r3rag.train.rl.freeze import freeze_lower_layers
+from r3rag.train.rl.guessable import drop_guessable
 from r3rag.train.rl.losses import approx_kl, kl_loss, policy_loss, value_loss
 from r3rag.train.rl.metrics import MetricsLog
 from r3rag.train.rl.value_head import ValueModel
@@ -224,6 +225,7 @@ class RLTrainer:
         self.rollout_weights = resolve_rollout_weights(cfg.model.rollout_weights, self.dtype, cfg.model.device)
         self._questions, self._eval_questions, self._retriever = questions, eval_questions, retriever
         self.last_checkpoint_s: float | None = None
+        self.skipped_note = ""
         self._model, self._tokenizer, self._reward_fn = model, tokenizer, reward_fn
 
     # ---- building ----------------------------------------------------------------------------------
@@ -259,6 +261,13 @@ class RLTrainer:
 
             self._eval_questions = resolve_dataset(cfg.eval.dataset).questions
         self.questions = list(self._questions)
+        if cfg.train.skip_guessable:
+            self.questions, dropped = drop_guessable(self.questions)
+            if not self.questions:
+                raise ConfigError(f"train.skip_guessable: every one of the {sum(dropped.values())} training questions is guessable "
+                                  "(yes/no or a two-way choice); nothing is left to train on")
+            self.skipped_note = (f"train.skip_guessable: {sum(dropped.values())} guessable training questions left out ("
+                                 + ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) + f"), {len(self.questions)} kept")
         self.eval_questions = list(self._eval_questions or [])
         self.engine = RolloutEngine(self.backend, self._retriever, cfg.rollout)
         self.eval_engine = RolloutEngine(
@@ -312,6 +321,8 @@ class RLTrainer:
             f = self.frozen
             bar.write(f"training the top {f.trainable_layers} of {f.layers} decoder layers: {f.trainable_params / 1e6:.1f}M "
                       f"of {f.total_params / 1e6:.1f}M parameters (model.trainable_layers)")
+        if self.skipped_note:
+            bar.write(self.skipped_note)
         try:
             if start == 0 and cfg.train.eval_at_start and self.eval_questions:
                 self._evaluate(0)
