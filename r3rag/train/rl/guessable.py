@@ -2,12 +2,13 @@
 
 A yes/no question, or a two-way choice ("Which was founded first, A or B?") whose answer is one
 of the options named in the question, pays a correct answer half the time to a policy that does
-not reason at all. With group-normalised advantages such a question is almost never filtered as
-"every sample scored the same" (four coin flips rarely agree), so it supplies a large share of the
-kept groups, and what their advantages reward is whichever guess came up: the update moves a
-shared answer prior ("yes" more often) rather than the reasoning behind it. Leaving them out of
-the RL prompts is a data-curation choice several RL-with-verifiable-rewards recipes make for the
-same reason (true/false and multiple-choice items dropped as guessable); evaluation keeps them.
+not reason at all. With group-normalised advantages such a question is seldom filtered as "every
+sample scored the same" (four fair coin flips agree one time in eight), so it supplies a large
+share of the kept groups, and what their advantages reward is whichever guess came up: the update
+moves a shared answer prior ("yes" more often) rather than the reasoning behind it. Leaving them
+out of the RL prompts is a data-curation choice several RL-with-verifiable-rewards recipes make for
+the same reason (true/false and multiple-choice items dropped as guessable); evaluation keeps them.
+On the world this halved the width of RL's paired interval and did not add accuracy (docs/rl.md).
 
 >>> from r3rag.data.records import Question
 >>> is_guessable(Question("a", "Were X and Y founded in the same country?", ["yes"]))
