@@ -131,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retriever-url", action="append", default=[], metavar="URL",
                    help="retrieval service URL (repeatable; default: the world's own BM25 index, in-process)")
     p.add_argument("--out", required=True, help="run folder: predictions.jsonl, results.json, report.md, plots")
-    p.add_argument("--limit", type=int, help="first N questions of the dataset")
+    p.add_argument("--limit", type=int, help="first N questions of the dataset (after --skip)")
+    p.add_argument("--skip", type=int, help="leave out the dataset's first N questions (e.g. those consulted while "
+                                            "choosing a recipe); predictions keep their positions")
     p.add_argument("--shard", help="i/n: this machine's share (positions p with p %% n == i)")
     p.add_argument("--batch-size", type=int, help="questions per engine call (default from config: 16)")
     p.add_argument("--judge", action="store_true", help="also ask the LLM judge (judge.* settings) for ACC_L")

@@ -64,6 +64,39 @@ def test_a_larger_limit_extends_a_run_and_a_smaller_one_is_refused(world, tmp_pa
         run_evaluation(cfg(world, "dataset.limit=2"), tmp_path / "run")
 
 
+def test_skip_leaves_out_the_first_questions_and_keeps_their_positions(world, tmp_path):
+    """``dataset.skip=3`` evaluates questions 3.. of the split, each under its position in the file;
+    with a limit it takes the next N; shards of a skipped run merge to the unsharded run; and a
+    run of another skip is another run (refused), while skip 0 stays out of the key."""
+    from r3rag.evaluation.merge import merge_runs
+
+    every = load_rows(run_evaluation(cfg(world, "dataset.limit=7"), tmp_path / "all").out_dir / "predictions.jsonl")
+    skipped = run_evaluation(cfg(world, "dataset.skip=3", "dataset.limit=4"), tmp_path / "skip")
+    assert (skipped.new, skipped.results["n"]) == (4, 4)
+    rows = load_rows(tmp_path / "skip" / "predictions.jsonl")
+    assert [r["index"] for r in rows] == [3, 4, 5, 6]
+    assert [r["id"] for r in rows] == [r["id"] for r in every[3:7]]  # the same questions as positions 3..6 of the whole
+    assert [r["prediction"] for r in rows] == [r["prediction"] for r in every[3:7]]
+    for i in (0, 1):
+        run_evaluation(cfg(world, "dataset.skip=3", "dataset.limit=4", f"run.shard={i}/2"), tmp_path / f"s{i}")
+    merged = merge_runs([tmp_path / "s0", tmp_path / "s1"], tmp_path / "merged")
+    assert merged == skipped.results
+    grown = run_evaluation(cfg(world, "dataset.skip=3", "dataset.limit=6"), tmp_path / "skip")  # a larger limit extends
+    assert (grown.new, grown.skipped) == (2, 4)
+    with pytest.raises(ConfigError, match=r"holds a run with dataset\.skip=3, not 2"):
+        run_evaluation(cfg(world, "dataset.skip=2", "dataset.limit=4"), tmp_path / "skip")
+    with pytest.raises(ConfigError, match=r"holds a run with dataset\.skip=None, not 3"):
+        run_evaluation(cfg(world, "dataset.skip=3", "dataset.limit=4"), tmp_path / "all")
+    assert "dataset.skip" not in run_key(cfg(world)) and run_key(cfg(world, "dataset.skip=1"))["dataset.skip"] == 1
+
+
+def test_a_skip_past_the_end_is_a_clear_error(world, tmp_path):
+    from r3rag.errors import DataError
+
+    with pytest.raises(DataError, match=r"dataset\.skip=100000: .*dev\.jsonl has only \d+ questions"):
+        run_evaluation(cfg(world, "dataset.skip=100000"), tmp_path / "run")
+
+
 def test_rows_of_another_dataset_version_are_refused(world, tmp_path):
     run_evaluation(cfg(world, "dataset.limit=2"), tmp_path / "run")
     path = tmp_path / "run" / "predictions.jsonl"
@@ -124,3 +157,12 @@ def test_every_excluded_setting_exists():
     key = run_key(EvaluationConfig())
     assert {"rollout.temperature", "model.path", "retriever.index_dir", "dataset.name", "method.name"} <= set(key)
     assert not set(key) & NOT_IN_KEY
+
+
+def test_the_skip_flag_is_the_dataset_skip_shorthand(world, tmp_path, repo_root):
+    r = subprocess.run([sys.executable, str(repo_root / "benchmark" / "evaluate.py"), "run", "--method", "oracle", "--skip", "3",
+                        "--limit", "2", "--out", str(tmp_path / "run"), "--no-progress", "--set", f"dataset.world_dir={world}",
+                        "--set", "run.bootstrap=50"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [row["index"] for row in load_rows(tmp_path / "run" / "predictions.jsonl")] == [3, 4]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["config_key"]["dataset.skip"] == 3

@@ -37,3 +37,28 @@ def test_a_missing_run_is_a_clear_error(tmp_path, capsys):
     other = _run(tmp_path / "other", [1], ids=["different"])
     assert main([str(a), str(other)]) == 2
     assert "share no question ids" in capsys.readouterr().err
+
+
+def test_rows_restricts_the_comparison_to_a_slice_of_the_split(tmp_path, capsys):
+    # the first 4 questions: B gains 2; questions 4..9: B loses 3, so the slices disagree in sign
+    a = _run(tmp_path / "a", [0, 0, 1, 1, 1, 1, 1, 0, 0, 0])
+    b = _run(tmp_path / "b", [1, 1, 1, 1, 0, 0, 0, 0, 0, 0])
+    assert main([str(a), str(b), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["em"]["diff"] == -10.0  # (3 - 4) / 10 over all
+    assert main([str(a), str(b), "--json", "--rows", ":4"]) == 0
+    head = json.loads(capsys.readouterr().out)["em"]
+    assert head["diff"] == 50.0 and head["n"] == 4  # +2 of 4
+    assert main([str(a), str(b), "--json", "--rows", "4:"]) == 0
+    tail = json.loads(capsys.readouterr().out)["em"]
+    assert tail["diff"] == -50.0 and tail["n"] == 6 and tail["excludes_zero"]  # -3 of 6, every change down
+    assert main([str(a), str(b), "--json", "--rows", "2:5"]) == 0
+    assert json.loads(capsys.readouterr().out)["em"]["n"] == 3  # END excluded
+
+
+def test_rows_that_select_nothing_or_do_not_parse_are_clear_errors(tmp_path, capsys):
+    a = _run(tmp_path / "a", [1, 0])
+    b = _run(tmp_path / "b", [1, 1])
+    assert main([str(a), str(b), "--rows", "5:"]) == 2
+    assert "no prediction has an index in that range" in capsys.readouterr().err
+    assert main([str(a), str(b), "--rows", "three"]) == 2
+    assert "expected START:END" in capsys.readouterr().err

@@ -427,6 +427,37 @@ def test_a_sharded_evaluation_writes_what_one_process_writes_and_resumes(tmp_pat
     assert again["runs"]["base-oracle"]["metrics"] == res1["metrics"]
 
 
+def test_eval_skip_evaluates_the_questions_after_the_first_ones_in_shards(tmp_path):
+    """eval.skip=2 with two shard processes: the run holds positions 2..4 of the split (each row
+    under its position in the world's file), the world stage's line says where they start, a skip
+    past the end is a ConfigError, and skip 0 leaves the eval stage's fingerprint as it was."""
+    from r3rag.evaluation.predictions import load_rows
+    from r3rag.pipeline import stages
+
+    world = {"size": "tiny", "clusters": 10, "questions_per_cluster": 6}
+    ctx = _ctx(tmp_path / "w", stages=["world", "index", "eval"], world=world,
+               eval={"skip": 2, "limit": 3, "base_methods": ["oracle"], "workers": 2, "set": ["run.progress=false"]},
+               report={"bootstrap": 100})
+    try:
+        line = run_world(ctx)["line"]
+        run_index(ctx)
+        out = stages.run_eval(ctx)
+    finally:
+        ctx.close()
+    assert line.endswith("3 held out for the evaluation (positions 3-5)")
+    rows = load_rows(ctx.work / "eval" / "base-oracle" / "predictions.jsonl")
+    split = [json.loads(x) for x in (ctx.work / "world" / "dev.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == [2, 3, 4] and len(split) > 5
+    assert [r["id"] for r in rows] == [q["id"] for q in split[2:5]]
+    assert out["runs"]["base-oracle"]["n"] == 3
+    past = _ctx(tmp_path / "w", world=world, eval={"skip": len(split)})
+    with pytest.raises(ConfigError, match=rf"eval\.skip={len(split)}: the world's dev split has only {len(split)} questions"):
+        run_world(past)
+    plain, zero = _ctx(tmp_path / "x", eval={"limit": 5}), _ctx(tmp_path / "y", eval={"limit": 5, "skip": 0})
+    assert "skip" not in stages._eval_settings(plain) and stages._eval_settings(plain) == stages._eval_settings(zero)
+    assert stages._eval_settings(ctx)["skip"] == 2
+
+
 def test_a_stage_programs_long_lines_are_cut_on_the_console_not_in_its_log(tmp_path, capfd):
     """A program that prints a 5,000-character line (LLaMA-Factory's tokenised example) and a
     progress bar redrawn with carriage returns: the console shows the line's first

@@ -1,7 +1,7 @@
 """Settings of an evaluation run (``benchmark/evaluate.py run --config ... --set ...``).
 
 One YAML file holds every section; the command-line flags of ``evaluate.py run`` (``--dataset``,
-``--method``, ``--model``, ``--retriever-url``, ``--limit``, ``--shard``) are shorthands for the
+``--method``, ``--model``, ``--retriever-url``, ``--limit``, ``--skip``, ``--shard``) are shorthands for the
 dotted overrides listed in :data:`FLAG_KEYS`.
 """
 
@@ -25,7 +25,9 @@ class DatasetConfig(Section):
         "(file or save_to_disk folder) read with the hub converters; default: data/r1searcher subsets",
     )
     split: str | None = Field(None, description="hub split (hub/local copies) or world split (dev by default)")
-    limit: int | None = Field(None, ge=1, description="keep the first N questions")
+    limit: int | None = Field(None, ge=1, description="keep the first N questions (after skip)")
+    skip: int = Field(0, ge=0, description="leave out the first N questions of the file or split, e.g. those consulted "
+                      "while choosing a recipe; predictions keep their positions in the file")
     data_dir: str = Field("data/r1searcher", description="folder with R1-Searcher's *_500.jsonl / bamboogle.jsonl")
     world_dir: str = Field("runs/world", description="where the embedded world is built (reused if present)")
     world_seed: int = 0
@@ -100,6 +102,7 @@ FLAG_KEYS: dict[str, str] = {
     "method": "method.name",
     "model": "model.path",
     "limit": "dataset.limit",
+    "skip": "dataset.skip",
     "shard": "run.shard",
     "batch_size": "run.batch_size",
 }

@@ -17,6 +17,7 @@ Every reader validates the whole file and raises :class:`~r3rag.errors.DataError
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ class ResolvedDataset:
     questions: list[Question]
     source: str  # the file or hub id the questions came from
     world_dir: Path | None = None  # set for the embedded world (its corpus lives there)
+    first_position: int = 0  # position of questions[0] in its file or split (dataset.skip)
 
 
 def _find(path: str | Path) -> Path:
@@ -78,7 +80,7 @@ def _world(cfg: DatasetConfig) -> ResolvedDataset:
         raise DataError(f"world split {split!r}: choose one of {', '.join(WORLD_SPLITS)}")
     out = ensure_world(cfg.world_dir, cfg.world_seed, cfg.world_size)
     path = out / f"{split}.jsonl"
-    return ResolvedDataset("world", read_questions(path, cfg.limit), str(path), out)
+    return _skipped(ResolvedDataset("world", read_questions(path, _read_limit(cfg)), str(path), out), cfg)
 
 
 def _subset(name: str) -> Callable[[DatasetConfig], ResolvedDataset]:
@@ -87,12 +89,12 @@ def _subset(name: str) -> Callable[[DatasetConfig], ResolvedDataset]:
             if name not in HF_DATASETS:
                 raise DataError(f"dataset {name!r} has no Hugging Face converter; drop dataset.source")
             src = None if cfg.source == "hf" else str(_find(cfg.source))
-            qs = load_hf_questions(name, src, cfg.split, cfg.limit)
+            qs = load_hf_questions(name, src, cfg.split, _read_limit(cfg))
             if not qs:
                 raise DataError(f"{src or HF_DATASETS[name].hub_id}: no questions")
-            return ResolvedDataset(name, qs, src or HF_DATASETS[name].hub_id)
+            return _skipped(ResolvedDataset(name, qs, src or HF_DATASETS[name].hub_id), cfg)
         path = _find(Path(cfg.data_dir) / SUBSET_FILES[name])
-        return ResolvedDataset(name, read_questions(path, cfg.limit), str(path))
+        return _skipped(ResolvedDataset(name, read_questions(path, _read_limit(cfg)), str(path)), cfg)
 
     return load
 
@@ -111,12 +113,28 @@ def resolve_dataset(cfg: DatasetConfig) -> ResolvedDataset:
     path = _find(cfg.name)
     if not path.is_file():
         raise DataError(f"dataset {cfg.name!r}: not a file and not one of {', '.join(sorted(DATASETS))}")
-    return ResolvedDataset(path.stem, read_questions(path, cfg.limit), str(path))
+    return _skipped(ResolvedDataset(path.stem, read_questions(path, _read_limit(cfg)), str(path)), cfg)
 
 
-def select_shard(questions: list[Question], shard: tuple[int, int] | None) -> list[tuple[int, Question]]:
-    """``(position, question)`` pairs of one shard: positions ``p`` with ``p % n == i``."""
+def _read_limit(cfg: DatasetConfig) -> int | None:
+    """How many questions to read from the top so that ``limit`` remain after ``skip``."""
+    return None if cfg.limit is None else cfg.skip + cfg.limit
+
+
+def _skipped(ds: ResolvedDataset, cfg: DatasetConfig) -> ResolvedDataset:
+    """``ds`` without its first ``cfg.skip`` questions; an empty remainder is an error."""
+    if not cfg.skip:
+        return ds
+    if cfg.skip >= len(ds.questions):
+        raise DataError(f"dataset.skip={cfg.skip}: {ds.source} has only {len(ds.questions)} questions")
+    return dataclasses.replace(ds, questions=ds.questions[cfg.skip:], first_position=cfg.skip)
+
+
+def select_shard(questions: list[Question], shard: tuple[int, int] | None, start: int = 0) -> list[tuple[int, Question]]:
+    """``(position, question)`` pairs of one shard: positions ``p`` (counted from ``start``, the
+    first question's position in its file) with ``p % n == i``."""
+    pairs = list(enumerate(questions, start))
     if shard is None:
-        return list(enumerate(questions))
+        return pairs
     i, n = shard
-    return [(p, q) for p, q in enumerate(questions) if p % n == i]
+    return [(p, q) for p, q in pairs if p % n == i]

@@ -3,7 +3,8 @@
 Each shard folder holds ``run.json`` (its dataset, method, model, normaliser, dataset size and
 shard, and the run's key: every setting that can change predictions) and ``predictions.jsonl``.
 The shards must agree on everything but the shard, cover every
-question position ``0..n_total-1`` exactly once, and then give the same ``results.json`` as one
+question position ``first_position..first_position+n_total-1`` exactly once (``first_position``
+is 0 unless the run skipped the dataset's first questions), and then give the same ``results.json`` as one
 unsharded run (the metrics are computed from the rows in dataset order).
 """
 
@@ -19,7 +20,7 @@ from r3rag.evaluation.report import write_report
 from r3rag.evaluation.run_key import key_difference
 from r3rag.evaluation.runner import RESULTS, RUN_INFO, build_results, write_json
 
-SAME = ("dataset", "method", "model", "normalization", "n_total")  # not "source": paths differ across machines
+SAME = ("dataset", "method", "model", "normalization", "n_total", "first_position")  # not "source": paths differ across machines
 
 
 def _info(shard_dir: Path) -> dict[str, Any]:
@@ -39,8 +40,8 @@ def merge_runs(shard_dirs: Sequence[str | Path], out: str | Path) -> dict[str, A
     bootstrap, seed = infos[0].get("bootstrap", 1000), infos[0].get("seed", 0)
     for d, ident, info in zip(dirs[1:], ids[1:], infos[1:]):
         for k in SAME:
-            if ident[k] != ids[0][k]:
-                raise DataError(f"{d}: {k}={ident[k]!r} differs from {dirs[0]}'s {ids[0][k]!r}")
+            if ident.get(k, 0) != ids[0].get(k, 0):  # runs from before first_position existed start at 0
+                raise DataError(f"{d}: {k}={ident.get(k, 0)!r} differs from {dirs[0]}'s {ids[0].get(k, 0)!r}")
         if "config_key" in info and "config_key" in infos[0]:  # every setting but the shard
             a = {k: v for k, v in infos[0]["config_key"].items() if k != "run.shard"}
             b = {k: v for k, v in info["config_key"].items() if k != "run.shard"}
@@ -55,8 +56,8 @@ def merge_runs(shard_dirs: Sequence[str | Path], out: str | Path) -> dict[str, A
                 raise DataError(f"{d / PREDICTIONS}: id {r['id']!r} is also in {where[r['id']] / PREDICTIONS}")
             where[r["id"]] = d
             rows.append(r)
-    n_total = ids[0]["n_total"]
-    missing = sorted(set(range(n_total)) - {int(r["index"]) for r in rows})
+    n_total, first = ids[0]["n_total"], ids[0].get("first_position", 0)
+    missing = sorted(set(range(first, first + n_total)) - {int(r["index"]) for r in rows})
     if missing:
         raise DataError(f"merge: {len(missing)} of {n_total} questions have no prediction (first position {missing[0]}); "
                         "finish or add the missing shards")

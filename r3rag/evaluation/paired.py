@@ -91,6 +91,38 @@ def paired_differences(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[s
     return out
 
 
+def select_rows(rows: Sequence[dict[str, Any]], spec: str | None) -> list[dict[str, Any]]:
+    """The rows whose ``index`` (the question's position in its split) lies in ``spec``, ``"START:END"``
+    with either end optional (``"300:"``: from the 301st question on; END excluded, as in Python).
+
+    It compares two runs on a slice of their questions, e.g. the questions beyond the first 300
+    that were consulted while choosing a recipe.
+
+    >>> rows = [{"id": str(i), "index": i} for i in range(5)]
+    >>> [r["index"] for r in select_rows(rows, "3:")], [r["index"] for r in select_rows(rows, ":2")]
+    ([3, 4], [0, 1])
+    """
+    if not spec:
+        return list(rows)
+    start_s, sep, end_s = spec.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        start = int(start_s) if start_s.strip() else 0
+        end = int(end_s) if end_s.strip() else None
+    except ValueError:
+        raise DataError(f"--rows {spec!r}: expected START:END with integers, either one optional (e.g. 300: or 0:300)") from None
+    out = []
+    for r in rows:
+        if not isinstance(r.get("index"), int):
+            raise DataError(f"--rows: prediction {r.get('id')!r} has no integer 'index' (its position in the split)")
+        if r["index"] >= start and (end is None or r["index"] < end):
+            out.append(r)
+    if not out:
+        raise DataError(f"--rows {spec!r}: no prediction has an index in that range")
+    return out
+
+
 def _run_rows(path: str) -> list[dict[str, Any]]:
     """Prediction rows of a run folder (its ``predictions.jsonl``) or of a predictions file."""
     from pathlib import Path
@@ -121,9 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the differences as JSON instead of a table")
+    ap.add_argument("--rows", default=None, metavar="START:END",
+                    help="only the questions at these positions of the split, END excluded, either end optional "
+                    "(e.g. 300: for those after the first 300); default: all shared questions")
     a = ap.parse_args(argv)
     try:
-        rows_a, rows_b = _run_rows(a.run_a), _run_rows(a.run_b)
+        rows_a, rows_b = select_rows(_run_rows(a.run_a), a.rows), select_rows(_run_rows(a.run_b), a.rows)
         d = paired_differences(rows_a, rows_b, a.resamples, a.seed)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -8,6 +8,7 @@ did), e.g. ``runs/eval/r3rag_steps holds a run with rollout.temperature=0.0, not
 The key is the whole configuration (method, model, rollout, retrieval, dataset, normaliser, shard,
 judge when on) minus the settings that say *where* or *how fast*, not *what*:
 
+- ``dataset.skip`` is in the key when it is not 0 (another skip is another set of questions);
 - ``dataset.limit`` is checked apart: a larger limit (or none, ``--limit 0`` in the quickstart)
   *extends* a run, since the first N questions are a prefix of the first M; a smaller limit than
   the predictions already there is refused (see :func:`r3rag.evaluation.runner.run_evaluation`);
@@ -57,6 +58,8 @@ def run_key(cfg: EvaluationConfig) -> dict[str, Any]:
     keep = {k: v for k, v in flat.items() if k not in NOT_IN_KEY}
     if not cfg.run.judge:
         keep = {k: v for k, v in keep.items() if not k.startswith("judge.")}
+    if not keep.get("dataset.skip"):  # runs from before dataset.skip existed resume: no skip is no key
+        keep.pop("dataset.skip", None)
     if cfg.method.name == "oracle":
         keep = {k: v for k, v in keep.items() if not k.startswith("model.") or k == "model.tokenizer"}
     return keep

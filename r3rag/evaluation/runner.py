@@ -116,11 +116,12 @@ def run_evaluation(cfg: EvaluationConfig, out_dir: str | Path) -> RunOutcome:
         raise ConfigError(f"run.normalization: {err}") from None
     shard = parse_shard(cfg.run.shard) if cfg.run.shard else None
     dataset = resolve_dataset(cfg.dataset)  # validates every line before anything heavy happens
-    mine = select_shard(dataset.questions, shard)
+    mine = select_shard(dataset.questions, shard, dataset.first_position)
     out = Path(out_dir)
     identity = {
         "dataset": dataset.name, "source": dataset.source, "method": cfg.method.name, "model": model_label(cfg),
         "normalization": cfg.run.normalization, "n_total": len(dataset.questions), "shard": cfg.run.shard,
+        "first_position": dataset.first_position,
     }
     key = run_key(cfg)
     out.mkdir(parents=True, exist_ok=True)

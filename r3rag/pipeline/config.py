@@ -73,7 +73,9 @@ class RlSection(CheckpointingStageSection):
 class EvalSection(Section):
     config: str = Field("configs/evaluate/embedded-cpu.yaml", description="evaluation config every run starts from")
     split: str = Field("dev", description="held-out world split (no stage trains on it: train is the training split)")
-    limit: int | None = Field(300, ge=1, description="the first N held-out questions (None: all)")
+    limit: int | None = Field(300, ge=1, description="the first N held-out questions after skip (None: all)")
+    skip: int = Field(0, ge=0, description="leave out the split's first N questions, e.g. those consulted while "
+                      "choosing a recipe, so that the claims rest on questions nothing was chosen on")
     base_methods: list[str] = Field(
         default_factory=lambda: ["rag"],
         description="prompted methods of the base model; the best by EM is the table's 'base' row",

@@ -38,6 +38,12 @@ COLUMN_LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM", "retrievals": "
 GOALS = {"sft_vs_base": 20.0, "rl_vs_sft": 5.0}
 
 
+def _skip_note(cfg: Any) -> str:
+    """Where the evaluated questions start, when the preset leaves the split's first ones out."""
+    skip = cfg.eval.skip
+    return f" (positions {skip + 1} on: the first {skip} were consulted while choosing the recipes)" if skip else ""
+
+
 def _cell(v: dict[str, Any], digits: int) -> str:
     lo, hi = v["ci95"]
     return f"{v['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
@@ -234,7 +240,7 @@ def write_report(ctx: Context) -> dict[str, Any]:
     n_eval = max(n.values()) if n else 0
     md = [f"# r3rag quickstart ({cfg.preset} preset)", "",
           f"World seed {cfg.world.seed}, size {cfg.world.size}; {n_eval} held-out {cfg.eval.split} questions that no "
-          f"stage trained on. Cells: mean [95% bootstrap interval], {B} resamples.", ""]
+          f"stage trained on{_skip_note(cfg)}. Cells: mean [95% bootstrap interval], {B} resamples.", ""]
     if cfg.report.fast_note:
         md += [f"**Fast preset:** only {n_eval} held-out questions, so every interval is wider than the full "
                "preset's (about sqrt(300/n) times); use the full preset for the published figures.", ""]

@@ -67,10 +67,14 @@ def run_world(ctx: Context) -> dict[str, Any]:
         raise ConfigError(f"eval.split {cfg.eval.split!r}: the world has train, dev and test")
     if cfg.eval.split == "train":
         raise ConfigError("eval.split train: the training stages train on it; evaluate on dev or test")
-    n_eval = min(held, cfg.eval.limit or held)
+    if cfg.eval.skip >= held:
+        raise ConfigError(f"eval.skip={cfg.eval.skip}: the world's {cfg.eval.split} split has only {held} questions")
+    left = held - cfg.eval.skip
+    n_eval = min(left, cfg.eval.limit or left)
+    where = f" (positions {cfg.eval.skip + 1}-{cfg.eval.skip + n_eval})" if cfg.eval.skip else ""
     return {"dir": str(out), "questions": counts, "passages": count_lines(out / "corpus.jsonl"), "eval_questions": n_eval,
             "line": f"seed {cfg.world.seed}, size {cfg.world.size}: {counts['train']} train / {held} {cfg.eval.split} "
-                    f"questions, {n_eval} held out for the evaluation"}
+                    f"questions, {n_eval} held out for the evaluation{where}"}
 
 
 def run_index(ctx: Context) -> dict[str, Any]:
@@ -151,6 +155,15 @@ def eval_dtype(name: str) -> str:
     return "bfloat16" if native_bf16() else "float32"
 
 
+def _eval_settings(ctx: Context) -> dict[str, Any]:
+    """The eval section as the stage's fingerprint sees it: ``skip`` only when set, so that work
+    folders finished before the option existed stay finished."""
+    section = ctx.cfg.model_dump(mode="json")["eval"]
+    if not section.get("skip"):
+        section.pop("skip", None)
+    return section
+
+
 def run_eval(ctx: Context) -> dict[str, Any]:
     from r3rag.config import load_config
     from r3rag.evaluation.config import EvaluationConfig
@@ -169,7 +182,8 @@ def run_eval(ctx: Context) -> dict[str, Any]:
             f"method.name={run['method']}", f"model.path={model}", f"run.batch_size={cfg.eval.batch_size}",
             f"model.max_batch_size={cfg.eval.batch_size}", f"model.dtype={eval_dtype(cfg.eval.dtype)}",
             f"run.bootstrap={cfg.report.bootstrap}", f"run.seed={cfg.report.seed}",
-            *([f"dataset.limit={cfg.eval.limit}"] if cfg.eval.limit else []), *run["overrides"], *cfg.eval.set,
+            *([f"dataset.limit={cfg.eval.limit}"] if cfg.eval.limit else []),
+            *([f"dataset.skip={cfg.eval.skip}"] if cfg.eval.skip else []), *run["overrides"], *cfg.eval.set,
         ]
         ecfg = load_config(EvaluationConfig, config_path, overrides)  # a bad override fails here, once
         out = ctx.work / "eval" / run["name"]
@@ -277,7 +291,7 @@ def build_stages(cfg: QuickstartConfig) -> list[Stage]:
         Stage("rl", "RL from the SFT checkpoint", training.run_rl, needs=("sft", "index"), settings=training.rl_settings,
               after_done=training.clean_after("rl")),
         Stage("eval", "evaluate on held-out questions", run_eval, needs=eval_needs, reset=reset_eval,
-              settings=lambda ctx: {"eval": ctx.cfg.model_dump(mode="json")["eval"], "base": ctx.cfg.model.base,
+              settings=lambda ctx: {"eval": _eval_settings(ctx), "base": ctx.cfg.model.base,
                                     "bootstrap": ctx.cfg.report.bootstrap, "seed": ctx.cfg.report.seed}),
         Stage("report", "write the report", run_report, needs=("eval",), always=True),
     ]
