@@ -199,7 +199,87 @@ def test_untrainable_trajectories_are_counted_not_trained():
     assert sel.keep == [2] and sel.untrainable == 2
 
 
+def test_rft_imitates_every_kept_token_with_advantage_one_and_none_off_the_mask():
+    # every kept row's total becomes 1 whatever its rewards (A's 0.5 + 2.0, E's -0.9): the return at
+    # each generated token is 1 (gamma forced to 1, the discount below is ignored); no normalisation;
+    # A's documents (shifted positions 3, 4) and the prompt/padding stay 0
+    out = run("rft", gamma=0.5)
+    assert close(at_actions(out.advantages), [[1.0] * 4, [1.0] * 3, [1.0], [1.0, 1.0]])
+    assert close(at_actions(out.returns), [[1.0] * 4, [1.0] * 3, [1.0], [1.0, 1.0]])
+    _, b = literal_batch()
+    off = b.action_mask == 0  # (4, 7)
+    assert off.sum() == 28 - 10 and out.advantages[off].abs().max() == 0
+
+
+def test_rft_selection_keeps_each_questions_best_accepted_samples():
+    # q1: four trainable samples, totals 2.5 / 3.1 / 0.4 (wrong) / 3.1 (tie with sample 1) and one dropped;
+    # q2: two wrong samples -> nothing kept; q3: one correct sample, total 2.0
+    t = [traj("q1", i, [[3]]) for i in range(5)] + [traj("q2", i, [[3]]) for i in range(2)] + [traj("q3", 0, [[3]])]
+    ok = {"correct": 1.0}
+    wrong = {"correct": 0.0}
+    r = [RewardOutput(2.5, [2.5], ok), RewardOutput(3.1, [3.1], ok), RewardOutput(0.4, [0.4], wrong),
+         RewardOutput(3.1, [3.1], ok), RewardOutput(9.0, [9.0], ok, dropped=True),
+         RewardOutput(0.8, [0.8], wrong), RewardOutput(0.0, [0.0], wrong), RewardOutput(2.0, [2.0], ok)]
+    correct = lambda t, x: x.components["correct"] >= 1  # noqa: E731
+    sel = select(t, r, grouped=False, dynamic_filtering=True, top_k=1, accept=correct)
+    # q1's best is a tie at 3.1: the earlier sample (1) wins; the dropped 9.0 never competes
+    assert sel.keep == [1, 7] and sel.dropped == 1 and sel.rejected == 3 + 2 + 0 and sel.filtered_groups == 0
+    sel = select(t, r, grouped=False, dynamic_filtering=True, top_k=2, accept=correct)
+    assert sel.keep == [1, 3, 7] and sel.rejected == 2 + 2
+    # without an acceptance test: the best of every question, wrong or not
+    sel = select(t, r, grouped=False, dynamic_filtering=True, top_k=1)
+    assert sel.keep == [1, 5, 7]
+    # a threshold on the total instead (the loop's rft_min_reward): q3's 2.0 passes at 2.0, not at 2.1;
+    # q1's 2.5 passes both, 3.0 leaves only its two 3.1s
+    for th, want in ((2.0, [0, 1, 3, 7]), (2.1, [0, 1, 3]), (3.0, [1, 3])):
+        sel = select(t, r, grouped=False, dynamic_filtering=False, top_k=4, accept=lambda t, x, th=th: x.total >= th)
+        assert sel.keep == want
+
+
 def test_registry_names_match_openrlhf():
-    assert set(ESTIMATORS) == {"reinforce", "reinforce_baseline", "group_norm", "rloo", "dr_grpo", "gae"}
+    # OpenRLHF's six, and rejection sampling (ours, no OpenRLHF counterpart)
+    assert set(ESTIMATORS) == {"reinforce", "reinforce_baseline", "group_norm", "rloo", "dr_grpo", "gae", "rft"}
     with pytest.raises(ValueError, match="unknown estimator"):
         run("ppo")
+
+
+def test_rft_acceptance_correct_and_grounded():
+    """The loop's acceptance test (``rft_selection``): correct per the recipe and, with
+    ``rft_min_recall``, the retrieved documents covering that share of the gold passages."""
+    from r3rag.data.records import Passage
+    from r3rag.errors import ConfigError
+    from r3rag.train.rl.config import AlgoConfig
+    from r3rag.train.rl.loop import rft_selection
+
+    def chain(docs_per_step: list[list[str]], gold=("g1", "g2")) -> Trajectory:
+        steps = [Step(i, query="x", documents=[Passage(d, "t\nx") for d in docs]) for i, docs in enumerate(docs_per_step)]
+        steps.append(Step(len(steps), answer="y"))
+        return Trajectory("q", "?", "r3rag_steps", steps=steps, metadata={"supporting_ids": list(gold)} if gold else {})
+
+    both, one, none = chain([["g1", "d1"], ["d2", "g2"]]), chain([["g1", "d1"], ["d2"]]), chain([["d1"]])
+    right, wrong = RewardOutput(3.0, [3.0], {"correct": 1.0}), RewardOutput(0.8, [0.8], {"correct": 0.0})
+    accept = rft_selection(AlgoConfig(estimator="rft", rft_min_recall=1.0))["accept"]
+    assert [accept(t, right) for t in (both, one, none)] == [True, False, False]
+    assert accept(both, wrong) is False  # grounded but wrong
+    half = rft_selection(AlgoConfig(estimator="rft", rft_min_recall=0.5))["accept"]
+    assert [half(t, right) for t in (both, one, none)] == [True, True, False]
+    plain = rft_selection(AlgoConfig(estimator="rft"))["accept"]  # correct only: the lucky guess passes
+    assert [plain(t, right) for t in (both, one, none)] == [True, True, True]
+    with pytest.raises(ConfigError, match="gold supporting passages"):
+        accept(chain([["d1"]], gold=()), right)
+    assert rft_selection(AlgoConfig(estimator="group_norm")) == {}
+
+
+@pytest.mark.parametrize("name", ["world_sft_grpo", "world_sft_rft", "r3rag_ppo", "r1searcher_reinforce_baseline"])
+def test_shipped_rl_configs_load_and_pass_their_checks(name):
+    from pathlib import Path
+
+    from r3rag.config import load_config
+    from r3rag.train.rl.config import RLConfig
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "rl" / f"{name}.yaml"
+    cfg = load_config(RLConfig, path).check()
+    if name == "world_sft_rft":  # the rejection-sampling recipe: correct and grounded, one per question
+        a = cfg.algo
+        assert (a.estimator, a.rft_top_k, a.rft_min_recall, a.rft_correct_only) == ("rft", 1, 1.0, True)
+        assert cfg.train.skip_guessable and cfg.rollout.n_samples == 2

@@ -20,7 +20,8 @@ from rl_helpers import tiny_cfg, tiny_trainer
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
 def test_reward_rises(tmp_path, estimator):
-    cfg = tiny_cfg(estimator, iterations=8)
+    # rft: the even-token reward has no "correct" component; the best sample of each question is imitated
+    cfg = tiny_cfg(estimator, iterations=8, **({"rft_correct_only": False} if estimator == "rft" else {}))
     trainer = tiny_trainer(cfg, tmp_path)
     final = trainer.run()
     recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -88,3 +89,59 @@ def test_one_pass_update_reuses_its_own_forward_for_the_old_logprobs(tmp_path, m
     assert mb_r == mb_s and train_r == train_s == mb_r
     assert gen_s - gen_r == mb_s
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(params[True], params[False]))
+
+
+class _CorrectIfMostlyEven:
+    """A recipe-like reward with a ``correct`` component: correct when over 60% of the generated ids are even."""
+
+    def __call__(self, trajs):
+        from rl_helpers import EvenTokenReward
+
+        out = EvenTokenReward()(trajs)
+        for r in out:
+            r.components["correct"] = 1.0 if r.total > 0.6 else 0.0
+        return out
+
+
+def test_rft_trains_only_on_each_questions_best_correct_sample(tmp_path):
+    """One iteration through the real loop: per question, at most ``rft_top_k`` samples, all scored
+    correct; the rest counted as rejected; the update moves the weights."""
+    import torch
+
+    cfg = tiny_cfg("rft", iterations=1, rft_top_k=1)
+    trainer = tiny_trainer(cfg, tmp_path, reward=_CorrectIfMostlyEven())
+    trainer._build()
+    before = [p.detach().clone() for p in trainer.models.policy.parameters()]
+    seen = {}
+    import r3rag.train.rl.loop as loop
+
+    real_select = loop.select
+
+    def spy(trajs, rewards, **kw):
+        sel = real_select(trajs, rewards, **kw)
+        seen["correct"] = {t.question_id for t, r in zip(trajs, rewards) if r.components["correct"] >= 1}
+        seen["kept"] = [(trajs[i].question_id, rewards[i].components["correct"]) for i in sel.keep]
+        return sel
+
+    loop.select = spy
+    try:
+        rec = trainer.iteration(0)
+    finally:
+        loop.select = real_select
+    assert seen["correct"], "the tiny policy produced no correct sample: the test would prove nothing"
+    # one kept sample per question that had a correct one, every kept sample correct
+    assert sorted(q for q, _ in seen["kept"]) == sorted(seen["correct"])
+    assert all(c == 1.0 for _, c in seen["kept"])
+    assert rec["batch/kept"] == len(seen["correct"]) and rec["batch/trajectories"] == 16
+    assert rec["batch/rejected_fraction"] == pytest.approx((16 - len(seen["correct"])) / 16)
+    after = list(trainer.models.policy.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_rft_correct_only_needs_a_correct_component(tmp_path):
+    from r3rag.errors import ConfigError
+
+    trainer = tiny_trainer(tiny_cfg("rft", iterations=1), tmp_path)  # EvenTokenReward: no "correct"
+    trainer._build()
+    with pytest.raises(ConfigError, match="rft_correct_only"):
+        trainer.iteration(0)

@@ -100,7 +100,7 @@ def _scenario(g: torch.Generator, gap: bool, gamma: float, lambd: float) -> dict
         "rewards": rewards, "mask": mask, "kl": torch.randn(N, L, generator=g) * 0.1 * mask,
         "values": torch.randn(N, L, generator=g), "gamma": gamma, "lambd": lambd, "kl_coef": 0.05,
         "perm": torch.randperm(N, generator=g),
-        "estimators": list(ESTIMATORS) if not gap else ["reinforce", "reinforce_baseline", "group_norm", "rloo", "dr_grpo"],
+        "estimators": [e for e in ESTIMATORS if e != "rft"] if not gap else ["reinforce", "reinforce_baseline", "group_norm", "rloo", "dr_grpo"],
     }
 
 

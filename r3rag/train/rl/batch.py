@@ -17,6 +17,12 @@ Which trajectories are trained on (:func:`select`): a trajectory the reward reci
 out and counted. Then, for the group estimators, a group (the samples of one question) whose kept
 samples all scored the same carries no signal and is filtered (``dynamic_filtering``), as is a
 group reduced to one sample.
+
+Rejection sampling (``algo.estimator: rft``) selects differently: of each question's trainable
+samples it keeps only those that ``accept`` passes (e.g. the recipe scored the answer correct and
+the documents cover the gold passages), then the ``top_k`` of them with the highest total reward;
+the others are counted as ``rejected``. No group filtering applies: the kept samples are imitated,
+not compared.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from r3rag.data.records import gold_passage_ids
 from r3rag.rewards.types import RewardOutput
 from r3rag.rollout.trajectory import StepSpan, Trajectory
 
@@ -59,11 +66,30 @@ class Selection:
     untrainable: int = 0  # inexact ids, backend error, retrieval failure, nothing generated
     groups: int = 0
     filtered_groups: int = 0  # all-same (or single-sample) groups removed by dynamic filtering
+    rejected: int = 0  # rejection sampling: trainable samples not accepted, or past a question's top_k
     reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def filtered_fraction(self) -> float:
         return self.filtered_groups / self.groups if self.groups else 0.0
+
+
+def gold_recall(traj: Trajectory) -> float | None:
+    """Share of the question's gold supporting passages among the documents the trajectory retrieved
+    (None when the question carries no gold ids).
+
+    >>> from r3rag.data.records import Passage
+    >>> from r3rag.rollout.trajectory import Step
+    >>> t = Trajectory("q", "?", "r3rag_steps", steps=[Step(0, query="a", documents=[Passage("g1", "x"), Passage("d", "y")]),
+    ...     Step(1, answer="z")], metadata={"supporting_ids": ["g1", "g2"]})
+    >>> gold_recall(t)
+    0.5
+    """
+    gold = set(gold_passage_ids(traj.metadata))
+    if not gold:
+        return None
+    seen = {p.id for s in traj.steps for p in s.documents}
+    return len(gold & seen) / len(gold)
 
 
 def group_keys(trajs: Sequence[Trajectory]) -> list[str]:
@@ -77,8 +103,12 @@ def select(
     grouped: bool,
     dynamic_filtering: bool,
     tol: float = 1e-6,
+    top_k: int | None = None,
+    accept: Callable[[Trajectory, RewardOutput], bool] | None = None,
 ) -> Selection:
-    """Indices of the trajectories to train on (see the module docstring)."""
+    """Indices of the trajectories to train on (see the module docstring). ``top_k`` switches to
+    rejection sampling: per question, the ``top_k`` best samples by total reward among those
+    ``accept`` passes (all, when it is None); ties keep the earlier sample."""
     sel = Selection(keep=[])
     ok: list[int] = []
     for i, (t, r) in enumerate(zip(trajs, rewards)):
@@ -100,6 +130,12 @@ def select(
     for members in groups.values():
         totals = [rewards[i].total for i in members]
         if not members:
+            continue
+        if top_k is not None:
+            passed = [i for i in members if accept is None or accept(trajs[i], rewards[i])]
+            best = sorted(passed, key=lambda i: -rewards[i].total)[:top_k]
+            sel.rejected += len(members) - len(best)
+            sel.keep.extend(best)
             continue
         if grouped and len(members) < 2:
             sel.filtered_groups += 1

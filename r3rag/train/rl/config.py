@@ -57,7 +57,8 @@ class RewardSection(Section):
 
 
 class AlgoConfig(Section):
-    estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae")
+    estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae | rft "
+                           "(rejection sampling: imitate each question's best accepted samples, see rft_*)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount over generated tokens")
     lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     no_std_norm: bool = Field(False, description="batch advantage normalisation subtracts the mean only")
@@ -71,7 +72,14 @@ class AlgoConfig(Section):
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus (0: entropy is only logged)")
     value_clip: float | None = Field(0.5, description="PPO value clipping (gae)")
     vf_coef: float = Field(1.0, ge=0.0, description="value loss weight (gae; the critic has its own optimizer)")
-    dynamic_filtering: bool = Field(True, description="drop groups whose samples all scored the same")
+    dynamic_filtering: bool = Field(True, description="drop groups whose samples all scored the same (not with rft)")
+    rft_top_k: int = Field(1, ge=1, description="rft: samples kept per question, the best by total reward")
+    rft_min_reward: float | None = Field(None, description="rft: keep only samples whose total reward is at least this")
+    rft_min_recall: float | None = Field(
+        None, ge=0.0, le=1.0, description="rft: keep only samples whose retrieved documents include at least this share of the "
+        "question's gold supporting passages (1.0: correct and grounded, no lucky guess or shortcut chain; needs gold ids)")
+    rft_correct_only: bool = Field(True, description="rft: keep only samples the recipe scored correct (its 'correct' "
+                                   "component >= 1; an error with a recipe that has none)")
     filter_tol: float = Field(1e-6, ge=0.0)
     lr: float = Field(1e-6, gt=0.0)
     critic_lr: float = Field(9e-6, gt=0.0)

@@ -15,7 +15,14 @@ index), and optionally ``kl`` (per-token KL to the reference) and ``values`` (th
    ``dr_grpo``            ``r - mean(group)``                           (Dr. GRPO: no std)
    ``group_norm``         ``(r - mean(group)) / (std(group) + 1e-9)``   (GRPO; unbiased std)
    ``rloo``               ``r - (sum(group) - r) / (n - 1)``            (leave one out)
+   ``rft``                ``1``, whatever ``r``                         (rejection sampling)
    ==================== =====================================================================
+
+   ``rft`` is rejection-sampling fine-tuning (expert iteration: RFT, ReST-EM, RAFT). The
+   selection (:func:`r3rag.train.rl.batch.select` with ``top_k``) keeps only the accepted, best
+   samples of each question, and every generated token of those gets advantage 1: the clipped
+   loss's gradient at ratio 1 is then the token-mean negative log-likelihood's, SFT on the
+   policy's own successes. It never pushes a sample down.
 
    With an outcome reward (one number on the last generated token) this is exactly OpenRLHF's
    shaped scalar. With per-step rewards the shaping is an affine map ``r -> a r - b`` applied
@@ -81,6 +88,11 @@ def _group_norm(r: torch.Tensor, group: torch.Tensor) -> Shaping:
     return Shaping(scale, mean * scale)
 
 
+def _imitate(r: torch.Tensor, group: torch.Tensor) -> Shaping:
+    """Every kept sample's total becomes 1: step rewards times 0, ``+1`` on the last generated token."""
+    return Shaping(torch.zeros_like(r), -torch.ones_like(r))
+
+
 def _rloo(r: torch.Tensor, group: torch.Tensor) -> Shaping:
     _, _, total, count = _group_stats(r, group)
     return Shaping(torch.ones_like(r), (total - r) / (count - 1).clamp(min=1))
@@ -94,6 +106,7 @@ ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], Shaping]] = {
     "rloo": _rloo,
     "dr_grpo": _mean_baseline,
     "gae": _none,
+    "rft": _imitate,
 }
 
 
@@ -198,7 +211,7 @@ def compute_advantages(
             raise ValueError("estimator gae needs the critic's values")
         adv, ret = gae(rewards, values.float(), action_mask, gamma, lambd)
     else:
-        g = 1.0 if estimator in GROUP_ESTIMATORS else gamma
+        g = 1.0 if estimator in GROUP_ESTIMATORS or estimator == "rft" else gamma
         ret = discounted_returns(rewards, action_mask, g)
         adv = ret.clone()
     if estimator in BATCH_NORMALISED:

@@ -52,7 +52,7 @@ from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
 from r3rag.train.rl import evaluate as ev
-from r3rag.train.rl.batch import RolloutBatch, build_batch, micro_batches, optimizer_steps, select
+from r3rag.train.rl.batch import RolloutBatch, build_batch, gold_recall, micro_batches, optimizer_steps, select
 from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_hf_folder, strip_quantizer
 from r3rag.train.rl.config import RLConfig
 from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
@@ -65,6 +65,29 @@ from r3rag.train.rl.value_head import ValueModel
 
 RewardFn = Callable[[Sequence[Trajectory]], list[RewardOutput]]
 DONE = "DONE"
+
+
+def rft_selection(a: Any) -> dict[str, Any]:
+    """:func:`select`'s rejection-sampling arguments for ``algo.estimator: rft`` (none otherwise)."""
+    if a.estimator != "rft":
+        return {}
+
+    def accept(t: Trajectory, r: RewardOutput) -> bool:
+        if a.rft_correct_only:
+            if "correct" not in r.components:
+                raise ConfigError("algo.rft_correct_only needs a reward recipe with a 'correct' component "
+                                  "(r3rag does; set algo.rft_correct_only=false and algo.rft_min_reward otherwise)")
+            if r.components["correct"] < 1.0:
+                return False
+        if a.rft_min_recall is not None:
+            recall = gold_recall(t)
+            if recall is None:
+                raise ConfigError(f"algo.rft_min_recall needs questions with gold supporting passages; {t.question_id} has none")
+            if recall < a.rft_min_recall - 1e-9:
+                return False
+        return a.rft_min_reward is None or r.total >= a.rft_min_reward
+
+    return {"top_k": a.rft_top_k, "accept": accept}
 
 
 def resolve_compute_dtype(name: str, device: str) -> torch.dtype:
@@ -483,11 +506,13 @@ class RLTrainer:
         times["time/reward"] = t2 - t1
         rec: dict[str, Any] = {"step": it + 1, "kind": "train"}
         rec.update(self._rollout_stats(trajs, rewards))
-        sel = select(trajs, rewards, grouped=a.estimator in GROUP_ESTIMATORS, dynamic_filtering=a.dynamic_filtering, tol=a.filter_tol)
+        sel = select(trajs, rewards, grouped=a.estimator in GROUP_ESTIMATORS, dynamic_filtering=a.dynamic_filtering, tol=a.filter_tol,
+                     **rft_selection(a))
         n = max(1, len(trajs))
         rec.update({
             "batch/trajectories": len(trajs), "batch/kept": len(sel.keep), "batch/groups": sel.groups,
-            "batch/filtered_fraction": sel.filtered_fraction, "batch/dropped_fraction": sel.dropped / n,
+            "batch/filtered_fraction": sel.filtered_fraction, "batch/rejected_fraction": sel.rejected / n,
+            "batch/dropped_fraction": sel.dropped / n,
             "batch/untrainable_fraction": sel.untrainable / n, "batch/dropped": sel.dropped, "batch/untrainable": sel.untrainable,
         })
         if sel.keep:

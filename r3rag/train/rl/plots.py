@@ -22,7 +22,7 @@ PANELS: list[tuple[str, list[str]]] = [
     ("retrievals per trajectory", ["rollout/retrievals", "eval/avg_retrievals"]),
     ("stop reasons (fraction)", ["stop/"]),
     ("format-error rate", ["rollout/format_error_rate"]),
-    ("filtered / dropped", ["batch/filtered_fraction", "batch/dropped_fraction", "batch/untrainable_fraction"]),
+    ("filtered / dropped", ["batch/filtered_fraction", "batch/rejected_fraction", "batch/dropped_fraction", "batch/untrainable_fraction"]),
     ("log-prob mismatch rollout vs trainer", ["policy/logprob_mismatch"]),
     ("time per phase (s)", ["time/"]),
     ("outside generation + forward/backward (fraction)", ["time/overhead_fraction"]),
