@@ -103,7 +103,7 @@ class _CorrectIfMostlyEven:
         return out
 
 
-def test_rft_trains_only_on_each_questions_best_correct_sample(tmp_path):
+def test_rft_trains_only_on_each_questions_best_correct_sample(tmp_path, monkeypatch):
     """One iteration through the real loop: per question, at most ``rft_top_k`` samples, all scored
     correct; the rest counted as rejected; the update moves the weights."""
     import torch
@@ -123,11 +123,8 @@ def test_rft_trains_only_on_each_questions_best_correct_sample(tmp_path):
         seen["kept"] = [(trajs[i].question_id, rewards[i].components["correct"]) for i in sel.keep]
         return sel
 
-    loop.select = spy
-    try:
-        rec = trainer.iteration(0)
-    finally:
-        loop.select = real_select
+    monkeypatch.setattr(loop, "select", spy)
+    rec = trainer.iteration(0)
     assert seen["correct"], "the tiny policy produced no correct sample: the test would prove nothing"
     # one kept sample per question that had a correct one, every kept sample correct
     assert sorted(q for q, _ in seen["kept"]) == sorted(seen["correct"])

@@ -86,6 +86,22 @@ def gold_relevance(traj: Trajectory, mode: str = "new_hit") -> list[float | None
     return out
 
 
+def gold_recall(traj: Trajectory) -> float | None:
+    """Share of the gold supporting passages among everything the trajectory retrieved: the sum of
+    its steps' ``recall`` relevance (None when the question carries no gold ids).
+
+    >>> from r3rag.data.records import Passage
+    >>> from r3rag.rollout.trajectory import Step
+    >>> t = Trajectory("q", "?", "r3rag_steps", steps=[Step(0, query="a", documents=[Passage("g1", "x"), Passage("d", "y")]),
+    ...     Step(1, answer="z")], metadata={"supporting_ids": ["g1", "g2"]})
+    >>> gold_recall(t)
+    0.5
+    """
+    if supporting_ids(traj) is None:
+        return None
+    return sum(v or 0.0 for v in gold_relevance(traj, "recall"))
+
+
 @dataclass
 class StepRelevance:
     """One trajectory's per-step relevance; ``missing`` names steps whose judge result failed."""

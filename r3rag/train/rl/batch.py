@@ -34,7 +34,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from r3rag.data.records import gold_passage_ids
 from r3rag.rewards.types import RewardOutput
 from r3rag.rollout.trajectory import StepSpan, Trajectory
 
@@ -72,24 +71,6 @@ class Selection:
     @property
     def filtered_fraction(self) -> float:
         return self.filtered_groups / self.groups if self.groups else 0.0
-
-
-def gold_recall(traj: Trajectory) -> float | None:
-    """Share of the question's gold supporting passages among the documents the trajectory retrieved
-    (None when the question carries no gold ids).
-
-    >>> from r3rag.data.records import Passage
-    >>> from r3rag.rollout.trajectory import Step
-    >>> t = Trajectory("q", "?", "r3rag_steps", steps=[Step(0, query="a", documents=[Passage("g1", "x"), Passage("d", "y")]),
-    ...     Step(1, answer="z")], metadata={"supporting_ids": ["g1", "g2"]})
-    >>> gold_recall(t)
-    0.5
-    """
-    gold = set(gold_passage_ids(traj.metadata))
-    if not gold:
-        return None
-    seen = {p.id for s in traj.steps for p in s.documents}
-    return len(gold & seen) / len(gold)
 
 
 def group_keys(trajs: Sequence[Trajectory]) -> list[str]:

@@ -48,11 +48,12 @@ from r3rag.config import dump_config
 from r3rag.data.records import Question
 from r3rag.errors import ConfigError
 from r3rag.machine import native_bf16
+from r3rag.rewards.process import gold_recall
 from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
 from r3rag.train.rl import evaluate as ev
-from r3rag.train.rl.batch import RolloutBatch, build_batch, gold_recall, micro_batches, optimizer_steps, select
+from r3rag.train.rl.batch import RolloutBatch, build_batch, micro_batches, optimizer_steps, select
 from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_hf_folder, strip_quantizer
 from r3rag.train.rl.config import RLConfig
 from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
