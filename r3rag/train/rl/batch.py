@@ -109,7 +109,6 @@ def select(
         groups[keys[i]].append(i)
     sel.groups = len(groups)
     for members in groups.values():
-        totals = [rewards[i].total for i in members]
         if not members:
             continue
         if top_k is not None:
@@ -118,6 +117,7 @@ def select(
             sel.rejected += len(members) - len(best)
             sel.keep.extend(best)
             continue
+        totals = [rewards[i].total for i in members]
         if grouped and len(members) < 2:
             sel.filtered_groups += 1
             continue

@@ -51,6 +51,7 @@ import torch
 
 GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "rloo", "dr_grpo")
 BATCH_NORMALISED = ("gae", "reinforce", "reinforce_baseline")
+UNDISCOUNTED = GROUP_ESTIMATORS + ("rft",)  # gamma forced to 1
 
 
 @dataclass
@@ -211,7 +212,7 @@ def compute_advantages(
             raise ValueError("estimator gae needs the critic's values")
         adv, ret = gae(rewards, values.float(), action_mask, gamma, lambd)
     else:
-        g = 1.0 if estimator in GROUP_ESTIMATORS or estimator == "rft" else gamma
+        g = 1.0 if estimator in UNDISCOUNTED else gamma
         ret = discounted_returns(rewards, action_mask, g)
         adv = ret.clone()
     if estimator in BATCH_NORMALISED:
