@@ -5,8 +5,9 @@ Written to ``WORK/report``:
 - ``quickstart.md``: one table (base / SFT / RL rows: EM, F1, cover-EM, retrievals per question,
   format-error rate, each with its 95% bootstrap interval), the paired differences SFT - base and
   RL - SFT (and RL - base) with their 95% intervals (:mod:`r3rag.evaluation.paired`), the
-  learning claims, EM by question type (:mod:`r3rag.pipeline.by_type`), the time of each stage,
-  the RL curves and the two example questions;
+  learning claims, EM by question type (:mod:`r3rag.pipeline.by_type`), the evidence the trained
+  models found and how often they answered right with it (:mod:`r3rag.evaluation.evidence`), the
+  time of each stage, the RL curves and the two example questions;
 - ``table.csv``, ``paired.json``, ``claims.json``: the same numbers for machines;
 - ``rl_curves*.png``: the RL stage's curves, copied;
 - ``examples.html``: for the same questions, the base model's trajectory and the trained model's,
@@ -25,6 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from r3rag.evaluation.evidence import report_lines as evidence_lines
 from r3rag.evaluation.paired import means_with_ci, paired_differences
 from r3rag.evaluation.predictions import load_rows
 from r3rag.machine import BF16_MARK
@@ -252,6 +254,7 @@ def write_report(ctx: Context) -> dict[str, Any]:
     if claims:
         md += ["## Learning claims", "", *[f"- {c['text']}" for c in claims], ""]
     md += by_type_lines({labels[name]: runs[name]["rows"] for name in order})
+    md += evidence_lines({labels[name]: runs[name]["rows"] for name in order if name != base})
     if times:
         md += _time_lines(times, cfg.report.budget_min)
     if curves:
