@@ -199,6 +199,62 @@ def test_a_run_stopped_for_time_stays_stopped_after_a_kill(tmp_path, monkeypatch
     assert seen == [(0.0, 0.0, 5.0)]
 
 
+def test_a_finished_run_goes_on_when_its_iterations_or_minutes_are_raised(tmp_path, monkeypatch):
+    """Rerunning a finished run returns its final folder; with ``train.iterations`` or
+    ``train.max_minutes`` raised it continues from its last checkpoint (no iteration repeated, the
+    final folder rewritten); without checkpoints (the quickstart deletes them) it stays finished."""
+    import shutil
+
+    import r3rag.train.rl.loop as loop
+    from tests.rl_helpers import tiny_cfg, tiny_trainer
+
+    def with_train(cfg, **kw):
+        return cfg.model_copy(update={"train": cfg.train.model_copy(update=kw)})
+
+    def train_steps():
+        return [r["step"] for r in read_records(out / "metrics.jsonl") if r["kind"] == "train"]
+
+    out = tmp_path / "run"
+    cfg = tiny_cfg("group_norm", iterations=2)
+    tiny_trainer(cfg, out).run()
+    assert train_steps() == [1, 2] and (out / "DONE").is_file()
+    first_final = (out / "final" / "model.safetensors").stat().st_mtime_ns
+    assert tiny_trainer(cfg, out).room_to_continue() is None
+    tiny_trainer(cfg, out).run()  # the same settings: nothing runs
+    assert train_steps() == [1, 2] and (out / "final" / "model.safetensors").stat().st_mtime_ns == first_final
+
+    more = with_train(cfg, iterations=4)
+    assert "finished after 2 iterations" in tiny_trainer(more, out).room_to_continue()
+    tiny_trainer(more, out).run()
+    assert train_steps() == [1, 2, 3, 4] and (out / "DONE").is_file()
+    assert (out / "final" / "model.safetensors").stat().st_mtime_ns != first_final
+    assert json.loads((latest_checkpoint(out) / "state.json").read_text())["completed"] == 4
+
+    # the time budget: a run stopped for time stays stopped until the budget allows another iteration
+    fits = {"answer": False}
+    monkeypatch.setattr(loop, "next_iteration_fits", lambda elapsed, last, limit: fits["answer"])
+    timed = with_train(cfg, iterations=10, max_minutes=5.0)
+    out = tmp_path / "timed"
+    tiny_trainer(timed, out).run()
+    assert train_steps() == [1]
+    assert tiny_trainer(timed, out).room_to_continue() is None
+    fits["answer"] = True  # as if train.max_minutes had been raised
+    calls = {"n": 0}
+
+    def fits_twice(elapsed, last, limit):
+        calls["n"] += 1
+        # yes to: the check before continuing, the loop's own check on resume, the one after
+        # iteration 2; no after iteration 3
+        return calls["n"] <= 3
+
+    monkeypatch.setattr(loop, "next_iteration_fits", fits_twice)
+    tiny_trainer(timed, out).run()
+    assert train_steps() == [1, 2, 3]
+    # checkpoints deleted: finished for good, whatever the settings
+    shutil.rmtree(out / "checkpoints")
+    assert tiny_trainer(with_train(timed, iterations=20), out).room_to_continue() is None
+
+
 def test_a_bf16_rollout_copy_generates_with_the_weights_of_each_iteration(tmp_path):
     """``model.rollout_weights: bfloat16``: the rollout's model is a separate bf16 copy, and every
     rollout runs with the trainer's current weights (reloaded after each update), never stale ones."""

@@ -4,7 +4,8 @@
     python train/rl.py --config configs/rl/r3rag_ppo.yaml --out runs/rl/r3rag [--set algo.lr=1e-6 ...]
 
 Rerunning the same command after an interruption (even SIGKILL) resumes from the last
-checkpoint. The final model lands in OUT/final (OUT/<last stage>/final for staged configs),
+checkpoint; rerunning a finished run with train.iterations or train.max_minutes raised continues
+it from its last checkpoint. The final model lands in OUT/final (OUT/<last stage>/final for staged configs),
 an HF folder usable as --model by every other command. Details: docs/rl.md.
 """
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import json
 import math
 import time
 from collections import Counter
@@ -54,6 +55,7 @@ from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
 from r3rag.train.rl import evaluate as ev
 from r3rag.train.rl.batch import RolloutBatch, build_batch, micro_batches, optimizer_steps, select
+from r3rag.train.rl.checkpoint import STATE as CHECKPOINT_STATE
 from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_hf_folder, strip_quantizer
 from r3rag.train.rl.config import RLConfig
 from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
@@ -323,7 +325,11 @@ class RLTrainer:
         """Train (resuming from the newest checkpoint), evaluate, write the final HF folder; returns it."""
         final = self.out / "final"
         if (self.out / DONE).is_file() and final.is_dir():
-            return final
+            more = self.room_to_continue()
+            if more is None:
+                return final
+            print(more, flush=True)
+            (self.out / DONE).unlink()
         self._build()
         cfg = self.cfg
         (self.out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
@@ -384,6 +390,24 @@ class RLTrainer:
         self._report()
         (self.out / DONE).write_text("done\n", encoding="utf-8")
         return final
+
+    def room_to_continue(self) -> str | None:
+        """Whether a finished run goes on: when ``train.iterations`` or ``train.max_minutes`` were
+        raised since, so that another iteration fits after its last checkpoint (judged as the loop
+        judges it, with the training time and last iteration's length the checkpoint saved). Returns
+        the message saying so, or None (the run stays finished; also when its checkpoints were
+        deleted, as the quickstart does once a stage is done)."""
+        ckpt = latest_checkpoint(self.out)
+        if ckpt is None:
+            return None
+        state = json.loads((ckpt / CHECKPOINT_STATE).read_text(encoding="utf-8"))
+        done, tr = int(state["completed"]), self.cfg.train
+        if done >= tr.iterations or not next_iteration_fits(float(state.get("train_s", 0.0)),
+                                                             float(state.get("last_iteration_s", 0.0)), tr.max_minutes):
+            return None
+        budget = f", train.max_minutes={tr.max_minutes:g}" if tr.max_minutes is not None else ""
+        return (f"{self.out}: finished after {done} iterations; train.iterations={tr.iterations}{budget} allow more: "
+                f"continuing from its last checkpoint")
 
     def _checkpoint(self, completed: int, train_s: float, last_iteration_s: float) -> None:
         t = time.perf_counter()
