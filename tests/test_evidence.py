@@ -96,7 +96,8 @@ def test_cli_tables_rows_and_json(tmp_path, capsys):
     b = _write_run(tmp_path / "rl", [dict(Q1, scores={"em": 0.0}), Q2, Q3])
     assert main([a, b]) == 0
     out = capsys.readouterr().out
-    assert "| all | 3 | 33.3 | 2.0 |" in out
+    assert "| all | 3 | 33.3 | 2.00 | 66.7 | 66.7 | 50.0 | 0.0 | 66.7 |" in out
+    assert "| 1 | 1 | 0.0 | 2.00 | 100.0 | 100.0 | 0.0 | - | 100.0 |" in out  # q3 alone: it found its passage
     assert "| found->found | 2 | 0 | 1 | -1 |" in out  # q1 kept its evidence and lost its answer
     assert main([a, "--rows", "1:", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -118,8 +119,8 @@ def test_report_section_rows_and_transitions():
     lines = report_lines({"SFT": [Q1, Q2, Q3], "RL": after})
     text = "\n".join(lines)
     assert lines[0] == "## Evidence found and answers read"
-    assert "| SFT | 3 | 33.3 | 2.0 | 66.7 | 66.7 | 50.0 | 0.0 | 66.7 |" in text
-    assert "| RL | 3 | 0.0 | 2.0 | 66.7 | 66.7 | 0.0 | 0.0 | 66.7 |" in text
+    assert "| SFT | 3 | 33.3 | 2.00 | 66.7 | 66.7 | 50.0 | 0.0 | 66.7 |" in text
+    assert "| RL | 3 | 0.0 | 2.00 | 66.7 | 66.7 | 0.0 | 0.0 | 66.7 |" in text
     assert "| found->found | 2 | 0 | 1 | -1 |" in text
     # a model whose questions have no gold ids (a real benchmark) adds nothing
     assert report_lines({"SFT": [NO_GOLD]}) == []

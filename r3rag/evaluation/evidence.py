@@ -177,17 +177,24 @@ _COLUMNS = (
 )
 
 
+def _cell(column: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if column == "n":
+        return str(v)
+    return f"{v:.2f}" if column == "searches" else f"{v:.1f}"
+
+
 def render(names: Sequence[str], summaries: Sequence[dict[str, dict[str, Any]]],
            transitions: dict[str, dict[str, int]] | None = None) -> str:
     """Markdown: one table per run (rows: all questions, then each hop count), and the transition
     table when two runs were given."""
-    fmt = (lambda v: "-" if v is None else str(v))
     lines: list[str] = []
     for name, s in zip(names, summaries):
         lines += [f"**{name}**", "", "| hops | " + " | ".join(label for _, label in _COLUMNS) + " |",
                   "|---" * (len(_COLUMNS) + 1) + "|"]
         for key, v in s.items():
-            lines.append(f"| {key} | " + " | ".join(fmt(v[c]) for c, _ in _COLUMNS) + " |")
+            lines.append(f"| {key} | " + " | ".join(_cell(c, v[c]) for c, _ in _COLUMNS) + " |")
         lines.append("")
     if transitions is not None:
         lines += [f"**{names[0]} -> {names[1]}**, by whether each found every gold passage", "",
@@ -205,14 +212,13 @@ def report_lines(rows_by_label: dict[str, Sequence[dict[str, Any]]]) -> list[str
     recs = {label: r for label, r in recs.items() if r}
     if not recs:
         return []
-    fmt = (lambda v: "-" if v is None else str(v))
     lines = ["## Evidence found and answers read", "",
              "Did the searches find the gold supporting passages, and was the answer right when they did? "
              "(`python -m r3rag.evaluation.evidence`; a miss is a search that brought no new gold passage.)", "",
              "| model | " + " | ".join(label for _, label in _COLUMNS) + " |", "|---" * (len(_COLUMNS) + 1) + "|"]
     for label, r in recs.items():
         s = summarise(r)["all"]
-        lines.append(f"| {label} | " + " | ".join(fmt(s[c]) for c, _ in _COLUMNS) + " |")
+        lines.append(f"| {label} | " + " | ".join(_cell(c, s[c]) for c, _ in _COLUMNS) + " |")
     lines.append("")
     if len(recs) >= 2:
         (la, ra), (lb, rb) = list(recs.items())[:2]
