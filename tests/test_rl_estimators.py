@@ -283,3 +283,28 @@ def test_shipped_rl_configs_load_and_pass_their_checks(name):
         a = cfg.algo
         assert (a.estimator, a.rft_top_k, a.rft_min_recall, a.rft_correct_only) == ("rft", 1, 1.0, True)
         assert cfg.train.skip_guessable and cfg.rollout.n_samples == 2
+
+
+def test_overlong_filtering_leaves_out_what_the_budget_cut_off():
+    """A third sample of q1 that ran out of steps (process reward 0.9, never answered) would pull q1's
+    mean down to 1.133 and change A's and B's advantages; filtered, q1 is the A/B pair again and
+    group_norm gives exactly the values of ``test_group_norm``."""
+    from r3rag.train.rl.batch import TRUNCATED
+
+    trajs = [traj("q1", 0, [[3, 4], [7, 8]], env=[[5, 6]]), traj("q1", 1, [[3, 4, 9]]), traj("q1", 2, [[3, 4]]),
+             traj("q2", 0, [[3]]), traj("q2", 1, [[3, 4]])]
+    trajs[2].stop_reason = "max_steps"
+    rewards = [RewardOutput(2.5, [0.5, 2.0]), RewardOutput(0.0, [0.0]), RewardOutput(0.9, [0.9]),
+               RewardOutput(1.0, [1.0]), RewardOutput(-0.9, [-0.9])]
+    kept_all = select(trajs, rewards, grouped=True, dynamic_filtering=True)
+    assert kept_all.keep == [0, 1, 2, 3, 4] and kept_all.overlong == 0  # off: the cut sample competes
+    sel = select(trajs, rewards, grouped=True, dynamic_filtering=True, truncated=TRUNCATED)
+    assert sel.keep == [0, 1, 3, 4] and sel.overlong == 1 and sel.reasons == {"overlong": 1}
+    b = build_batch([trajs[i] for i in sel.keep], [rewards[i] for i in sel.keep], PAD)
+    out = compute_advantages("group_norm", b.step_rewards, b.action_mask, b.group)
+    s = 0.707107
+    assert close(at_actions(out.advantages), [[s, s, 0.424264, 0.424264], [-s, -s, -s], [s], [-s, -s]])
+    # a group left with one sample once its cut ones are out carries no comparison: filtered
+    trajs[1].stop_reason = "max_tokens"
+    sel = select(trajs, rewards, grouped=True, dynamic_filtering=True, truncated=TRUNCATED)
+    assert sel.keep == [3, 4] and sel.overlong == 2 and sel.filtered_groups == 1

@@ -142,3 +142,32 @@ def test_rft_correct_only_needs_a_correct_component(tmp_path):
     trainer._build()
     with pytest.raises(ConfigError, match="rft_correct_only"):
         trainer.iteration(0)
+
+
+def test_overlong_filtering_in_the_loop_trains_on_no_cut_trajectory(tmp_path, monkeypatch):
+    """One iteration through the real loop with ``algo.overlong_filtering``: no trajectory the budget
+    cut off is in the batch, their share is the logged fraction, and the others are trained on. The
+    tiny policy's own stops are nearly all ``max_tokens``, so sample 0 of each question is marked cut
+    (``max_steps``) and the others ``answered`` before the selection."""
+    import torch
+
+    import r3rag.train.rl.loop as loop
+
+    cfg = tiny_cfg("group_norm", iterations=1, overlong_filtering=True)
+    trainer = tiny_trainer(cfg, tmp_path)
+    trainer._build()
+    before = [p.detach().clone() for p in trainer.models.policy.parameters()]
+    real_select, seen = loop.select, {}
+
+    def spy(trajs, rewards, **kw):
+        for t in trajs:
+            t.stop_reason = "max_steps" if t.sample_index == 0 else "answered"
+        sel = real_select(trajs, rewards, **kw)
+        seen["kept"] = [trajs[i].sample_index for i in sel.keep]
+        return sel
+
+    monkeypatch.setattr(loop, "select", spy)
+    rec = trainer.iteration(0)
+    assert sorted(seen["kept"]) == [1] * 4 + [2] * 4 + [3] * 4  # 4 questions x samples 1-3
+    assert rec["batch/overlong_fraction"] == pytest.approx(4 / 16) and rec["batch/kept"] == 12
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.models.policy.parameters()))

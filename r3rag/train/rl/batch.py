@@ -18,6 +18,11 @@ out and counted. Then, for the group estimators, a group (the samples of one que
 samples all scored the same carries no signal and is filtered (``dynamic_filtering``), as is a
 group reduced to one sample.
 
+With ``algo.overlong_filtering`` (DAPO's overlong filtering), a trajectory the budget cut off
+(stop reason in :data:`TRUNCATED`: out of tokens, or a query at the last allowed step) is left out
+too and counted as ``overlong``: it ended without an answer because it ran long, not because it
+answered wrongly, and scoring it as a failure teaches the policy that searching more is worse.
+
 Rejection sampling (``algo.estimator: rft``) selects differently: of each question's trainable
 samples it keeps only those that ``accept`` passes (e.g. the recipe scored the answer correct and
 the documents cover the gold passages), then the ``top_k`` of them with the highest total reward;
@@ -30,12 +35,16 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
 from r3rag.rewards.types import RewardOutput
 from r3rag.rollout.trajectory import StepSpan, Trajectory
+
+#: stop reasons that mean the rollout's budget cut the episode off (``algo.overlong_filtering``)
+TRUNCATED: tuple[str, ...] = ("max_tokens", "max_steps")
+
 
 def step_spans(traj: Trajectory) -> list[StepSpan] | None:
     """The rollout's step -> token-span map, or None when a step has no generated tokens (such a
@@ -66,6 +75,7 @@ class Selection:
     groups: int = 0
     filtered_groups: int = 0  # all-same (or single-sample) groups removed by dynamic filtering
     rejected: int = 0  # rejection sampling: trainable samples not accepted, or past a question's top_k
+    overlong: int = 0  # overlong filtering: trainable samples the budget cut off
     reasons: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -86,10 +96,12 @@ def select(
     tol: float = 1e-6,
     top_k: int | None = None,
     accept: Callable[[Trajectory, RewardOutput], bool] | None = None,
+    truncated: Collection[str] = (),
 ) -> Selection:
     """Indices of the trajectories to train on (see the module docstring). ``top_k`` switches to
     rejection sampling: per question, the ``top_k`` best samples by total reward among those
-    ``accept`` passes (all, when it is None); ties keep the earlier sample."""
+    ``accept`` passes (all, when it is None); ties keep the earlier sample. Trainable samples whose
+    stop reason is in ``truncated`` are left out before any grouping (overlong filtering)."""
     sel = Selection(keep=[])
     ok: list[int] = []
     for i, (t, r) in enumerate(zip(trajs, rewards)):
@@ -99,6 +111,9 @@ def select(
         elif (why := _why_untrainable(t)) is not None:
             sel.untrainable += 1
             sel.reasons[why] = sel.reasons.get(why, 0) + 1
+        elif t.stop_reason in truncated:
+            sel.overlong += 1
+            sel.reasons["overlong"] = sel.reasons.get("overlong", 0) + 1
         else:
             ok.append(i)
     keys = group_keys(trajs)

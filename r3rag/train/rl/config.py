@@ -73,6 +73,8 @@ class AlgoConfig(Section):
     value_clip: float | None = Field(0.5, description="PPO value clipping (gae)")
     vf_coef: float = Field(1.0, ge=0.0, description="value loss weight (gae; the critic has its own optimizer)")
     dynamic_filtering: bool = Field(True, description="drop groups whose samples all scored the same (not with rft)")
+    overlong_filtering: bool = Field(False, description="leave out the trajectories the budget cut off (stop reason max_tokens "
+                                     "or max_steps) instead of scoring them as failures (DAPO); counted in batch/overlong_fraction")
     rft_top_k: int = Field(1, ge=1, description="rft: samples kept per question, the best by total reward")
     rft_min_reward: float | None = Field(None, description="rft: keep only samples whose total reward is at least this")
     rft_min_recall: float | None = Field(

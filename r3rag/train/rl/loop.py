@@ -8,8 +8,9 @@ One iteration ``it`` (0-based; ``step = it + 1`` iterations are done after it):
    seeded per-epoch permutation of the training split (the data order is a function of
    ``(seed, it)``, so a resumed run draws exactly the questions the killed one would have);
 2. **rewards** from the configured recipe (:mod:`r3rag.rewards`); per-step rewards go on each
-   step's last generated token; dropped / untrainable trajectories and all-same groups are left
-   out and counted (:func:`r3rag.train.rl.batch.select`);
+   step's last generated token; dropped / untrainable trajectories, with ``overlong_filtering``
+   those the budget cut off, and all-same groups are left out and counted
+   (:func:`r3rag.train.rl.batch.select`);
 3. **forward without gradient**: the policy's log-probs of the generated tokens (the "old"
    log-probs of the ratio; the rollout's own are kept only for the mismatch metric), the frozen
    reference's (only when ``kl_coef > 0``) and the critic's values (``gae``). Without a reference,
@@ -54,7 +55,7 @@ from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
 from r3rag.train.rl import evaluate as ev
-from r3rag.train.rl.batch import RolloutBatch, build_batch, micro_batches, optimizer_steps, select
+from r3rag.train.rl.batch import TRUNCATED, RolloutBatch, build_batch, micro_batches, optimizer_steps, select
 from r3rag.train.rl.checkpoint import STATE as CHECKPOINT_STATE
 from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_hf_folder, strip_quantizer
 from r3rag.train.rl.config import RLConfig
@@ -532,12 +533,12 @@ class RLTrainer:
         rec: dict[str, Any] = {"step": it + 1, "kind": "train"}
         rec.update(self._rollout_stats(trajs, rewards))
         sel = select(trajs, rewards, grouped=a.estimator in GROUP_ESTIMATORS, dynamic_filtering=a.dynamic_filtering, tol=a.filter_tol,
-                     **rft_selection(a))
+                     truncated=TRUNCATED if a.overlong_filtering else (), **rft_selection(a))
         n = max(1, len(trajs))
         rec.update({
             "batch/trajectories": len(trajs), "batch/kept": len(sel.keep), "batch/groups": sel.groups,
             "batch/filtered_fraction": sel.filtered_fraction, "batch/rejected_fraction": sel.rejected / n,
-            "batch/dropped_fraction": sel.dropped / n,
+            "batch/dropped_fraction": sel.dropped / n, "batch/overlong_fraction": sel.overlong / n,
             "batch/untrainable_fraction": sel.untrainable / n, "batch/dropped": sel.dropped, "batch/untrainable": sel.untrainable,
         })
         if sel.keep:
