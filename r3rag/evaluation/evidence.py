@@ -47,7 +47,7 @@ class QuestionEvidence:
     id: str
     hops: int | None
     em: float  # 0 or 1
-    searches: int  # search steps whose documents were shown
+    searches: int  # search steps the retriever answered
     first_hit: bool
     all_gold: bool
     misses: int  # searches with no new gold passage, followed by another step
@@ -185,23 +185,27 @@ def _cell(column: str, v: Any) -> str:
     return f"{v:.2f}" if column == "searches" else f"{v:.1f}"
 
 
+def _table(first: str, rows: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    lines = [f"| {first} | " + " | ".join(label for _, label in _COLUMNS) + " |", "|---" * (len(_COLUMNS) + 1) + "|"]
+    lines += [f"| {key} | " + " | ".join(_cell(c, s[c]) for c, _ in _COLUMNS) + " |" for key, s in rows]
+    return lines + [""]
+
+
+def _transition_lines(title: str, transitions: dict[str, dict[str, int]]) -> list[str]:
+    lines = [title, "", "| found all? A -> B | questions | to right | to wrong | net |", "|---|---|---|---|---|"]
+    lines += [f"| {key} | {c['n']} | {c['to_right']} | {c['to_wrong']} | {c['net']:+d} |" for key, c in transitions.items()]
+    return lines + [""]
+
+
 def render(names: Sequence[str], summaries: Sequence[dict[str, dict[str, Any]]],
            transitions: dict[str, dict[str, int]] | None = None) -> str:
     """Markdown: one table per run (rows: all questions, then each hop count), and the transition
     table when two runs were given."""
     lines: list[str] = []
     for name, s in zip(names, summaries):
-        lines += [f"**{name}**", "", "| hops | " + " | ".join(label for _, label in _COLUMNS) + " |",
-                  "|---" * (len(_COLUMNS) + 1) + "|"]
-        for key, v in s.items():
-            lines.append(f"| {key} | " + " | ".join(_cell(c, v[c]) for c, _ in _COLUMNS) + " |")
-        lines.append("")
+        lines += [f"**{name}**", "", *_table("hops", list(s.items()))]
     if transitions is not None:
-        lines += [f"**{names[0]} -> {names[1]}**, by whether each found every gold passage", "",
-                  "| A -> B | questions | to right | to wrong | net |", "|---|---|---|---|---|"]
-        for key, c in transitions.items():
-            lines.append(f"| {key} | {c['n']} | {c['to_right']} | {c['to_wrong']} | {c['net']:+d} |")
-        lines.append("")
+        lines += _transition_lines(f"**{names[0]} -> {names[1]}**, by whether each found every gold passage", transitions)
     return "\n".join(lines)
 
 
@@ -215,18 +219,10 @@ def report_lines(rows_by_label: dict[str, Sequence[dict[str, Any]]]) -> list[str
     lines = ["## Evidence found and answers read", "",
              "Did the searches find the gold supporting passages, and was the answer right when they did? "
              "(`python -m r3rag.evaluation.evidence`; a miss is a search that brought no new gold passage.)", "",
-             "| model | " + " | ".join(label for _, label in _COLUMNS) + " |", "|---" * (len(_COLUMNS) + 1) + "|"]
-    for label, r in recs.items():
-        s = summarise(r)["all"]
-        lines.append(f"| {label} | " + " | ".join(_cell(c, s[c]) for c, _ in _COLUMNS) + " |")
-    lines.append("")
+             *_table("model", [(label, summarise(r)["all"]) for label, r in recs.items()])]
     if len(recs) >= 2:
         (la, ra), (lb, rb) = list(recs.items())[:2]
-        lines += [f"{la} -> {lb}, by whether each found every gold passage:", "",
-                  "| found all? | questions | to right | to wrong | net |", "|---|---|---|---|---|"]
-        for key, c in evidence_transitions(ra, rb).items():
-            lines.append(f"| {key} | {c['n']} | {c['to_right']} | {c['to_wrong']} | {c['net']:+d} |")
-        lines.append("")
+        lines += _transition_lines(f"{la} -> {lb}, by whether each found every gold passage:", evidence_transitions(ra, rb))
     return lines
 
 
