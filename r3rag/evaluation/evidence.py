@@ -229,7 +229,7 @@ def report_lines(rows_by_label: dict[str, Sequence[dict[str, Any]]]) -> list[str
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from r3rag.evaluation.paired import _run_rows, select_rows
+    from r3rag.evaluation.paired import run_rows, select_rows
 
     ap = argparse.ArgumentParser(
         prog="python -m r3rag.evaluation.evidence",
@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         recs = []
         for run in a.runs:
-            got = evidence_records(select_rows(_run_rows(run), a.rows))
+            got = evidence_records(select_rows(run_rows(run), a.rows))
             if not got:
                 raise DataError(f"{run}: no question with gold passage ids (metadata.supporting_ids) in its trajectories")
             recs.append(got)

@@ -123,7 +123,7 @@ def select_rows(rows: Sequence[dict[str, Any]], spec: str | None) -> list[dict[s
     return out
 
 
-def _run_rows(path: str) -> list[dict[str, Any]]:
+def run_rows(path: str) -> list[dict[str, Any]]:
     """Prediction rows of a run folder (its ``predictions.jsonl``) or of a predictions file."""
     from pathlib import Path
 
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(e.g. 300: for those after the first 300); default: all shared questions")
     a = ap.parse_args(argv)
     try:
-        rows_a, rows_b = select_rows(_run_rows(a.run_a), a.rows), select_rows(_run_rows(a.run_b), a.rows)
+        rows_a, rows_b = select_rows(run_rows(a.run_a), a.rows), select_rows(run_rows(a.run_b), a.rows)
         d = paired_differences(rows_a, rows_b, a.resamples, a.seed)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
