@@ -91,7 +91,8 @@ def test_every_stage_runs_and_its_outputs_load_in_the_next(tmp_path, tiny_model)
     assert ids[0] <= dev
     md = (work / "report" / "quickstart.md").read_text()
     for needle in ("| base (rag, prompted) | 4 |", "| SFT | 4 |", "| RL | 4 |", "| SFT - base | 4 |", "| RL - SFT | 4 |",
-                   "SFT beat the prompted base:", "RL beat SFT:", "![RL curves](rl_curves.png)", "| coldstart |",
+                   "SFT beat the prompted base:", "RL beat SFT:", "not the training run", "r3rag.evaluation.replicates",
+                   "![RL curves](rl_curves.png)", "| coldstart |",
                    "## Evidence found and answers read", "SFT -> RL, by whether each found every gold passage",
                    f"--model {(work / 'rl' / 'final').resolve()}"):
         assert needle in md, needle

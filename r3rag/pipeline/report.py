@@ -36,6 +36,11 @@ from r3rag.pipeline.runner import Context
 from r3rag.pipeline.state import PipelineState, atomic_write_json
 
 COLUMN_LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM", "retrievals": "retrievals/q", "format_error": "format errors %"}
+#: said under an RL claim: its interval covers the questions, not the training run
+RL_RUN_NOTE = ("These intervals resample the held-out questions, not the training run: on this world two RL runs "
+               "of one recipe from one SFT checkpoint, differing only in `train.seed`, scored 4 EM apart on the same "
+               "questions (docs/rl.md). To judge a recipe, train it with several `train.seed` values and compare "
+               "with `python -m r3rag.evaluation.replicates WORK/eval/sft RUN1 RUN2 ...`.")
 #: the issue's goals, in EM points (stated beside the measured claim)
 GOALS = {"sft_vs_base": 20.0, "rl_vs_sft": 5.0}
 
@@ -253,6 +258,8 @@ def write_report(ctx: Context) -> dict[str, Any]:
         md += ["Paired differences (same questions; * = the 95% interval excludes zero):", "", diff_table, ""]
     if claims:
         md += ["## Learning claims", "", *[f"- {c['text']}" for c in claims], ""]
+        if any(c["name"] == "rl_vs_sft" for c in claims):
+            md += [RL_RUN_NOTE, ""]
     md += by_type_lines({labels[name]: runs[name]["rows"] for name in order})
     md += evidence_lines({labels[name]: runs[name]["rows"] for name in order if name != base})
     if times:

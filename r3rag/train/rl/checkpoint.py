@@ -87,7 +87,12 @@ def load_checkpoint(path: Path, objects: dict[str, Any], map_location: Any = "cp
         if obj is not None and f.is_file():
             obj.load_state_dict(torch.load(f, map_location=map_location, weights_only=False))
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    return json.loads((path / STATE).read_text(encoding="utf-8"))
+    return read_state(path)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON state (``completed``, ``train_s``, ...) without loading its tensors."""
+    return json.loads((Path(path) / STATE).read_text(encoding="utf-8"))
 
 
 def strip_quantizer(model: Any) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import json
 import math
 import time
 from collections import Counter
@@ -56,8 +55,8 @@ from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
 from r3rag.train.rl import evaluate as ev
 from r3rag.train.rl.batch import TRUNCATED, RolloutBatch, build_batch, micro_batches, optimizer_steps, select
-from r3rag.train.rl.checkpoint import STATE as CHECKPOINT_STATE
-from r3rag.train.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_hf_folder, strip_quantizer
+from r3rag.train.rl.checkpoint import (latest_checkpoint, load_checkpoint, read_state, save_checkpoint, save_hf_folder,
+                                       strip_quantizer)
 from r3rag.train.rl.config import RLConfig
 from r3rag.train.rl.estimators import GROUP_ESTIMATORS, compute_advantages
 from r3rag.train.rl.forward import policy_logprobs
@@ -401,7 +400,7 @@ class RLTrainer:
         ckpt = latest_checkpoint(self.out)
         if ckpt is None:
             return None
-        state = json.loads((ckpt / CHECKPOINT_STATE).read_text(encoding="utf-8"))
+        state = read_state(ckpt)
         done, tr = int(state["completed"]), self.cfg.train
         if done >= tr.iterations or not next_iteration_fits(float(state.get("train_s", 0.0)),
                                                              float(state.get("last_iteration_s", 0.0)), tr.max_minutes):
