@@ -53,14 +53,11 @@ def difference_matrix(rows_a: Sequence[dict[str, Any]], runs_b: Sequence[Sequenc
     ids = shared_ids(rows_a, runs_b)
     by_a = {str(r["id"]): r for r in rows_a}
     ca = columns([by_a[i] for i in ids], names)  # column -> (n,)
-    out = {}
-    for k in names:
-        rows_k = []
-        for rows in runs_b:
-            by_b = {str(r["id"]): r for r in rows}
-            rows_k.append(columns([by_b[i] for i in ids], (k,))[k] - ca[k])  # (n,)
-        out[k] = np.stack(rows_k)  # (runs, n)
-    return out
+    cb = []
+    for rows in runs_b:
+        by_b = {str(r["id"]): r for r in rows}
+        cb.append(columns([by_b[i] for i in ids], names))  # column -> (n,), one per run
+    return {k: np.stack([c[k] - ca[k] for c in cb]) for k in names}  # column -> (runs, n)
 
 
 def crossed_bootstrap(d: np.ndarray, resamples: int = 1000, seed: int = 0) -> list[float]:
