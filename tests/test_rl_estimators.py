@@ -24,7 +24,7 @@ import torch
 from r3rag.rewards.types import RewardOutput
 from r3rag.rollout.trajectory import Segment, Step, Trajectory
 from r3rag.train.rl.batch import build_batch, select
-from r3rag.train.rl.estimators import ESTIMATORS, compute_advantages
+from r3rag.train.rl.estimators import ALL_ESTIMATORS, ESTIMATORS, compute_advantages
 
 PAD = 0
 
@@ -239,6 +239,8 @@ def test_rft_selection_keeps_each_questions_best_accepted_samples():
 def test_registry_names_match_openrlhf():
     # OpenRLHF's six, and rejection sampling (ours, no OpenRLHF counterpart)
     assert set(ESTIMATORS) == {"reinforce", "reinforce_baseline", "group_norm", "rloo", "dr_grpo", "gae", "rft"}
+    # ours, on the batch's step layout: outcome and query steps normalised apart
+    assert set(ALL_ESTIMATORS) == set(ESTIMATORS) | {"group_norm_split"}
     with pytest.raises(ValueError, match="unknown estimator"):
         run("ppo")
 
@@ -308,3 +310,79 @@ def test_overlong_filtering_leaves_out_what_the_budget_cut_off():
     trajs[1].stop_reason = "max_tokens"
     sel = select(trajs, rewards, grouped=True, dynamic_filtering=True, truncated=TRUNCATED)
     assert sel.keep == [3, 4] and sel.overlong == 2 and sel.filtered_groups == 1
+
+
+def test_step_layout_of_the_literal_batch():
+    _, b = literal_batch()
+    # step_table: (B=4, S=2), each step's reward; query_steps: A's first step is its only query
+    assert flat(b.step_table.tolist()) == pytest.approx([0.5, 2.0, 0.0, 0.0, 1.0, 0.0, -0.9, 0.0])
+    assert b.query_steps.tolist() == [[True, False], [False, False], [False, False], [False, False]]
+    # step_id: (4, 7) on the shifted axis; A's documents (3, 4), the prompt and the padding are -1
+    assert b.step_id[0].tolist() == [-1, 0, 0, -1, -1, 1, 1]
+    assert b.step_id[1].tolist() == [-1, 0, 0, 0, -1, -1, -1]
+    sub = b.rows([3, 0])  # a sub-batch keeps the layout of its rows, cut to its own length
+    assert sub.step_id.tolist() == [[-1, 0, 0, -1, -1, -1, -1], [-1, 0, 0, -1, -1, 1, 1]] and sub.query_steps[1, 0]
+
+
+def split_batch():
+    """One question, three samples (query steps then an answer; documents after every query):
+
+        A: query (no gold: 0.0), query (gold, correct: 1.6), answer (right: 2.0)   total 3.6
+        B: query (gold, correct: 1.6), answer (right: 2.0)                          total 3.6
+        C: query (broken: -0.9), answer (wrong: 0.0)                                total -0.9
+    """
+    trajs = [traj("q", 0, [[3, 4], [7], [8, 9]], env=[[5, 6], [5]]),
+             traj("q", 1, [[3], [8]], env=[[5]]),
+             traj("q", 2, [[3, 4], [8]], env=[[5]])]
+    rewards = [RewardOutput(3.6, [0.0, 1.6, 2.0]), RewardOutput(3.6, [1.6, 2.0]), RewardOutput(-0.9, [-0.9, 0.0])]
+    return build_batch(trajs, rewards, PAD)
+
+
+def test_group_norm_split_by_hand():
+    b = split_batch()
+    # outcome (non-query steps): 2, 2, 0 -> mean 4/3, unbiased std sqrt((4/9 + 4/9 + 16/9) / 2) = 1.154701
+    #   -> +0.577350, +0.577350, -1.154701 on every generated token of the sample
+    # query steps pooled over the group: 0.0, 1.6, 1.6, -0.9 -> mean 0.575,
+    #   unbiased std sqrt((0.330625 + 2 * 1.050625 + 2.175625) / 3) = 1.239287
+    #   -> -0.463977, +0.827090, +0.827090, -1.190199 on that step's tokens only
+    # action positions (shifted): A 1,2 (query) | docs 3,4 | 5 (query) | doc 6 | 7,8 (answer)
+    #                             B 1 (query) | doc 2 | 3 (answer);  C 1,2 (query) | doc 3 | 4 (answer)
+    adv = compute_advantages("group_norm_split", b.step_rewards, b.action_mask, b.group, step_layout=b.step_layout).advantages
+    o, p = 0.577350, [-0.463977, 0.827090, 0.827090, -1.190199]
+    got = [[round(float(adv[0, t]), 5) for t in (1, 2, 5, 7, 8)], [round(float(adv[1, t]), 5) for t in (1, 3)],
+           [round(float(adv[2, t]), 5) for t in (1, 2, 4)]]
+    want = [[o + p[0], o + p[0], o + p[1], o, o], [o + p[2], o], [-2 * o + p[3], -2 * o + p[3], -2 * o]]
+    assert flat(got) == pytest.approx(flat(want), abs=2e-5)
+    assert adv[0, [0, 3, 4, 6]].abs().max() == 0 and adv[1, [0, 2]].abs().max() == 0  # prompt and documents
+
+
+def test_group_norm_pushes_a_right_answer_down_group_norm_split_does_not():
+    # group_norm: A's answer tokens get (2.0 - mean total 2.1) / std(3.6, 3.6, -0.9) < 0 although A
+    # answered right, because the baseline is the mean *total*, process rewards included
+    b = split_batch()
+    gn = compute_advantages("group_norm", b.step_rewards, b.action_mask, b.group).advantages
+    sp = compute_advantages("group_norm_split", b.step_rewards, b.action_mask, b.group, step_layout=b.step_layout).advantages
+    assert float(gn[0, 8]) == pytest.approx((2.0 - 2.1) / 2.598076, abs=1e-5) and float(gn[0, 8]) < 0
+    assert float(sp[0, 8]) == pytest.approx(0.577350, abs=1e-5)
+    # the query that found nothing (A's first) gets what the one that found gold gets under group_norm
+    # (the same return-to-go, 3.6), and less than it under group_norm_split
+    assert float(gn[0, 1]) == pytest.approx(float(gn[0, 5])) and float(sp[0, 1]) < float(sp[0, 5]) - 1.0
+
+
+def test_group_norm_split_without_process_rewards_is_group_norm():
+    # query steps that all earn the same (here 0: an outcome-only recipe) add nothing
+    trajs = [traj("q", 0, [[3, 4], [7]], env=[[5, 6]]), traj("q", 1, [[3], [8]], env=[[5]]), traj("q", 2, [[4]])]
+    rewards = [RewardOutput(2.0, [0.0, 2.0]), RewardOutput(0.0, [0.0, 0.0]), RewardOutput(-0.9, [-0.9])]
+    b = build_batch(trajs, rewards, PAD)
+    gn = compute_advantages("group_norm", b.step_rewards, b.action_mask, b.group).advantages
+    sp = compute_advantages("group_norm_split", b.step_rewards, b.action_mask, b.group, step_layout=b.step_layout).advantages
+    assert torch.allclose(gn, sp, atol=1e-6) and sp.abs().max() > 0.5
+
+
+def test_group_norm_split_needs_the_layout_and_no_kl_in_the_reward():
+    b = split_batch()
+    with pytest.raises(ValueError, match="step layout"):
+        compute_advantages("group_norm_split", b.step_rewards, b.action_mask, b.group)
+    with pytest.raises(ValueError, match="kl_use_loss"):
+        compute_advantages("group_norm_split", b.step_rewards, b.action_mask, b.group, kl=torch.ones_like(b.action_mask),
+                           kl_coef=0.1, step_layout=b.step_layout)

@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from r3rag.train.rl.estimators import ESTIMATORS
+from r3rag.train.rl.estimators import ALL_ESTIMATORS
 
 from rl_helpers import tiny_cfg, tiny_trainer
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+@pytest.mark.parametrize("estimator", sorted(ALL_ESTIMATORS))
 def test_reward_rises(tmp_path, estimator):
     # rft: the even-token reward has no "correct" component; the best sample of each question is imitated
     cfg = tiny_cfg(estimator, iterations=8, **({"rft_correct_only": False} if estimator == "rft" else {}))

@@ -157,6 +157,16 @@ class RolloutBatch:
     group: torch.Tensor  # (B,) long: group index (same question)
     totals: torch.Tensor  # (B,) float: total reward of each row
     lengths: list[int]  # unpadded length of each row
+    # the step layout (``group_norm_split``): S = the most steps of any row
+    step_table: torch.Tensor | None = None  # (B, S) float: each step's reward (a recipe's extras on the last step)
+    query_steps: torch.Tensor | None = None  # (B, S) bool: the step issued a query
+    step_id: torch.Tensor | None = None  # (B, T-1) long: the step of each generated token, -1 elsewhere
+
+    @property
+    def step_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if self.step_table is None or self.query_steps is None or self.step_id is None:
+            return None
+        return self.step_table, self.query_steps, self.step_id
 
     @property
     def num_actions(self) -> int:
@@ -170,6 +180,9 @@ class RolloutBatch:
             self.input_ids[ix, :T], self.attention_mask[ix, :T], self.action_mask[ix, : T - 1],
             self.step_rewards[ix, : T - 1], self.rollout_logprobs[ix, : T - 1], self.temperatures[ix],
             self.group[ix], self.totals[ix], [self.lengths[i] for i in idx],
+            None if self.step_table is None else self.step_table[ix],
+            None if self.query_steps is None else self.query_steps[ix],
+            None if self.step_id is None else self.step_id[ix, : T - 1],
         )
 
 
@@ -204,6 +217,10 @@ def build_batch(
     action = torch.zeros((B, T - 1), dtype=torch.float32)
     placed = torch.zeros((B, T - 1), dtype=torch.float32)
     roll = torch.full((B, T - 1), float("nan"), dtype=torch.float32)
+    S = max(1, max(len(step_spans(t) or []) for t in trajs))
+    table = torch.zeros((B, S), dtype=torch.float32)
+    query = torch.zeros((B, S), dtype=torch.bool)
+    step_id = torch.full((B, T - 1), -1, dtype=torch.long)
     keys: dict[str, int] = {}
     group = torch.zeros(B, dtype=torch.long)
     temps = torch.ones(B, dtype=torch.float32)
@@ -222,11 +239,18 @@ def build_batch(
             pos += k
         for tok, value in place_step_rewards(t, r.per_step).items():
             placed[b, tok - 1] += value
+        spans = step_spans(t) or []
+        for k, span in enumerate(spans):
+            step_id[b, span.start - 1: span.end - 1] = k
+            query[b, k] = t.steps[k].query is not None
+        for i, value in enumerate(r.per_step):
+            if spans:
+                table[b, min(i, len(spans) - 1)] += float(value)
         group[b] = keys.setdefault(t.question_id, len(keys))
         if temperature_for is not None:
             temps[b] = float(temperature_for(t.sample_index))
     totals = torch.tensor([float(r.total) for r in rewards], dtype=torch.float32)
-    return RolloutBatch(input_ids, attn, action, placed, roll, temps, group, totals, lengths)
+    return RolloutBatch(input_ids, attn, action, placed, roll, temps, group, totals, lengths, table, query, step_id)
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

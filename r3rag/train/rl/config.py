@@ -58,7 +58,7 @@ class RewardSection(Section):
 
 class AlgoConfig(Section):
     estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae | rft "
-                           "(rejection sampling: imitate each question's best accepted samples, see rft_*)")
+                           "| group_norm_split (outcome and query steps normalised apart) (rejection sampling: imitate each question's best accepted samples, see rft_*)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount over generated tokens")
     lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     no_std_norm: bool = Field(False, description="batch advantage normalisation subtracts the mean only")
@@ -93,10 +93,10 @@ class AlgoConfig(Section):
     @field_validator("estimator")
     @classmethod
     def _known(cls, name: str) -> str:
-        from r3rag.train.rl.estimators import ESTIMATORS
+        from r3rag.train.rl.estimators import ALL_ESTIMATORS
 
-        if name not in ESTIMATORS:
-            raise ValueError(f"unknown estimator; choose one of {', '.join(ESTIMATORS)}")
+        if name not in ALL_ESTIMATORS:
+            raise ValueError(f"unknown estimator; choose one of {', '.join(ALL_ESTIMATORS)}")
         return name
 
     epochs_per_batch: int = Field(1, ge=1, description="passes over one rollout batch (PPO epochs)")

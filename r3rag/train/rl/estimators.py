@@ -40,6 +40,26 @@ index), and optionally ``kl`` (per-token KL to the reference) and ``values`` (th
 4. batch normalisation of advantages over all generated tokens of the batch for ``gae``,
    ``reinforce`` and ``reinforce_baseline``: ``(A - mean) / sqrt(max(var, 1e-8))`` (mean only with
    ``no_std_norm``). Prompt, document and padding positions take no part in the statistics.
+
+**Per-step rewards and one group baseline.** Under ``group_norm`` a token's advantage is its
+return-to-go minus the group's mean *total*: the answer step's tokens get ``r_answer -
+mean(total)``, which is below zero on average by the group's mean process reward. The gradient is
+still unbiased (the baseline is the same for every token of the group), but the baseline fits
+only the first step, so every later step carries the variance of the rewards earned before it.
+
+``group_norm_split`` (ours; no OpenRLHF counterpart) gives each kind of reward its own group
+baseline. The *outcome* (every reward not on a query step: the answer, a broken answer step, the
+outcome shape's total) is normalised over the group's samples as GRPO does and reaches every
+generated token of the sample; each *query step's* reward (its process relevance, or a format
+penalty) is normalised over all query steps of the group (pooled, as DeepSeekMath's process
+supervision) and reaches that step's tokens only::
+
+    A(t) = (o_i - mean_g(o)) / (std_g(o) + 1e-9)  +  [t in query step k] (p_ik - mean_g(p)) / (std_g(p) + 1e-9)
+
+(unbiased std, as ``group_norm``). It needs the batch's step layout (``step_table``,
+``query_steps``, ``step_id``, see :class:`r3rag.train.rl.batch.RolloutBatch`). With an outcome-only
+recipe it is ``group_norm``. The raw scale of the process reward (``process_weight``) no longer
+matters, only its order within the group.
 """
 
 from __future__ import annotations
@@ -49,7 +69,7 @@ from typing import Callable
 
 import torch
 
-GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "rloo", "dr_grpo")
+GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "rloo", "dr_grpo", "group_norm_split")
 BATCH_NORMALISED = ("gae", "reinforce", "reinforce_baseline")
 UNDISCOUNTED = GROUP_ESTIMATORS + ("rft",)  # gamma forced to 1
 
@@ -109,6 +129,45 @@ ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], Shaping]] = {
     "gae": _none,
     "rft": _imitate,
 }
+
+
+def split_group_norm(step_table: torch.Tensor, query_steps: torch.Tensor, step_id: torch.Tensor,
+                     action_mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """``group_norm_split``'s advantages ``(B, L)`` (formula in the module docstring).
+
+    ``step_table`` ``(B, S)``: each step's reward; ``query_steps`` ``(B, S)`` bool: the steps whose
+    reward is a query step's; ``step_id`` ``(B, L)``: the step each generated token belongs to (-1
+    for a generated token outside every step, which gets the outcome term only).
+
+    >>> table = torch.tensor([[1.6, 2.0], [0.0, 2.0], [0.0, 0.0]])  # (B=3, S=2): query step, answer
+    >>> query = torch.tensor([[True, False]] * 3)
+    >>> step_id = torch.tensor([[0, 0, 1], [0, 1, 1], [0, 1, -1]])  # (B, L=3)
+    >>> adv = split_group_norm(table, query, step_id, torch.ones(3, 3), torch.zeros(3, dtype=torch.long))
+    >>> [[round(float(x), 3) + 0.0 for x in row] for row in adv]  # outcome 2, 2, 0: +0.577, +0.577, -1.155
+    [[1.732, 1.732, 0.577], [0.0, 0.577, 0.577], [-1.732, -1.155, -1.155]]
+    """
+    B, S = step_table.shape
+    query = query_steps.bool()
+    outcome = (step_table * ~query).sum(dim=1)  # (B,)
+    mean, std, _, _ = _group_stats(outcome, group)
+    a_out = (outcome - mean) / (std + 1e-9)  # (B,)
+    G = int(group.max()) + 1 if group.numel() else 0
+    g = group[:, None].expand(B, S)[query]  # (Q,) the group of every query step
+    p = step_table[query]  # (Q,)
+    count = torch.zeros(G, dtype=p.dtype).index_add_(0, g, torch.ones_like(p))
+    p_mean = torch.zeros(G, dtype=p.dtype).index_add_(0, g, p) / count.clamp(min=1)
+    p_var = torch.zeros(G, dtype=p.dtype).index_add_(0, g, (p - p_mean[g]) ** 2) / (count - 1).clamp(min=1)
+    a_proc = torch.zeros(B, S, dtype=p.dtype)
+    a_proc[query] = (p - p_mean[g]) / (p_var[g].sqrt() + 1e-9)
+    per_token = a_proc.gather(1, step_id.clamp(min=0)) * (step_id >= 0)  # (B, L)
+    return (a_out[:, None] + per_token) * action_mask
+
+
+#: estimators that need the batch's step layout instead of a shaping of the total
+STEP_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {"group_norm_split": split_group_norm}
+
+#: every estimator name ``algo.estimator`` takes
+ALL_ESTIMATORS: tuple[str, ...] = tuple(ESTIMATORS) + tuple(STEP_ESTIMATORS)
 
 
 def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:
@@ -200,11 +259,20 @@ def compute_advantages(
     lambd: float = 1.0,
     no_std_norm: bool = False,
     reward_clip: tuple[float, float] | None = None,
+    step_layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> Advantages:
-    """The whole pipeline of the module docstring."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    """The whole pipeline of the module docstring. ``step_layout`` = ``(step_table, query_steps,
+    step_id)`` of the batch, for the estimators of :data:`STEP_ESTIMATORS`."""
+    if estimator not in ALL_ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose one of {', '.join(ALL_ESTIMATORS)}")
     action_mask = action_mask.float()
+    if estimator in STEP_ESTIMATORS:
+        if step_layout is None:
+            raise ValueError(f"estimator {estimator} needs the batch's step layout")
+        if kl is not None and kl_coef > 0:
+            raise ValueError(f"estimator {estimator} takes no KL in the reward: set algo.kl_use_loss=true")
+        adv = STEP_ESTIMATORS[estimator](*step_layout, action_mask, group)
+        return Advantages(adv, adv.clone(), step_rewards.float() * action_mask)
     shaped = shaped_rewards(step_rewards.float(), action_mask, group, estimator, reward_clip)
     rewards = token_rewards(shaped, action_mask, None if kl is None else kl.float(), kl_coef)
     if estimator == "gae":

@@ -571,7 +571,7 @@ class RLTrainer:
     def _to(self, b: RolloutBatch) -> RolloutBatch:
         d = self.device
         return RolloutBatch(b.input_ids.to(d), b.attention_mask.to(d), b.action_mask.to(d), b.step_rewards, b.rollout_logprobs,
-                            b.temperatures.to(d), b.group, b.totals, b.lengths)
+                            b.temperatures.to(d), b.group, b.totals, b.lengths, b.step_table, b.query_steps, b.step_id)
 
     def old_logprobs_from_update(self) -> bool:
         """Without a reference model, the rows of the first optimizer step of the first pass take
@@ -620,6 +620,7 @@ class RLTrainer:
         adv = compute_advantages(
             a.estimator, batch.step_rewards, mask, batch.group, kl=kl, kl_coef=0.0 if a.kl_use_loss else a.kl_coef,
             values=values, gamma=a.gamma, lambd=a.lambd, no_std_norm=a.no_std_norm, reward_clip=a.reward_clip,
+            step_layout=batch.step_layout,
         )
         t1 = time.perf_counter()
         times["time/forward"] = t1 - t0

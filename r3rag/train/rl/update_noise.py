@@ -1,0 +1,219 @@
+"""Was an RL update signal or noise? Two checks on the weights alone (no model forward).
+
+A few optimizer steps of AdamW move every trained parameter by about ``lr`` per step whatever
+its gradient's size (``m / sqrt(v)`` is near +-1 early on), so the size of an update says nothing
+about its direction. Two things do:
+
+``stats``
+    How far each parameter went, against what AdamW gives for gradients that are pure noise.
+    If a parameter's gradient keeps its sign from step to step (signal), it moves ``steps x lr``;
+    if the sign is random (noise), the steps partly cancel. :func:`adam_noise_floor` runs the
+    same AdamW (``lr``, ``betas``, ``steps``) on independent Gaussian gradients and gives the
+    mean ``|delta|`` of that pure-noise walk; an update whose mean ``|delta|`` is at that floor had
+    no per-parameter direction that held across its steps. Also: how many parameters moved at
+    all, and how many of them still differ once both models are rounded to bfloat16 (the dtype
+    the rollout and the evaluation run in on an AVX-512 CPU).
+``random-sign``
+    The null control: a copy of the trained model whose update keeps every parameter's
+    ``|delta|`` but takes a random sign, ``start + s * (trained - start)`` with ``s`` = +-1 drawn
+    independently per parameter. Evaluate it as the trained model is evaluated: a random update of
+    the same size per parameter. If the trained model scores no better than its random-sign
+    copies, the update's direction carried nothing the evaluation can see.
+
+>>> import torch
+>>> start = {"w": torch.zeros(4), "frozen": torch.ones(2)}
+>>> trained = {"w": torch.tensor([1e-4, -1e-4, 2e-4, 0.0]), "frozen": torch.ones(2)}
+>>> s = update_stats(start, trained)
+>>> s["params"], s["moved"], round(s["mean_abs_delta"], 6), round(s["max_abs_delta"], 6)
+(6, 3, 0.000133, 0.0002)
+>>> flipped = random_sign_update(start, trained, seed=0)
+>>> bool((flipped["w"].abs() == trained["w"].abs()).all()), bool((flipped["frozen"] == 1).all())
+(True, True)
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from r3rag.errors import DataError
+
+WEIGHTS = "*.safetensors"
+
+
+def load_weights(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF model folder's ``*.safetensors`` files (sharded or not)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob(WEIGHTS))
+    if not files:
+        raise DataError(f"{folder}: no *.safetensors weights (an HF model folder written by save_pretrained?)")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def _check_same(start: dict[str, torch.Tensor], trained: dict[str, torch.Tensor]) -> None:
+    if set(start) != set(trained):
+        diff = sorted(set(start) ^ set(trained))[:3]
+        raise DataError(f"the two models hold different tensors (e.g. {', '.join(diff)}): not one architecture")
+    for k in start:
+        if start[k].shape != trained[k].shape:
+            raise DataError(f"{k}: shape {tuple(start[k].shape)} vs {tuple(trained[k].shape)}")
+
+
+def update_stats(start: dict[str, torch.Tensor], trained: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Parameters, how many moved, mean and max ``|delta|`` over the moved ones, and how many moved
+    ones still differ once both are rounded to bfloat16."""
+    _check_same(start, trained)
+    params = moved = moved_bf16 = 0
+    total_abs = 0.0
+    max_abs = 0.0
+    for k, a in start.items():
+        d = trained[k].float() - a.float()
+        nz = d != 0
+        params += d.numel()
+        moved += int(nz.sum())
+        total_abs += float(d.abs().sum())
+        max_abs = max(max_abs, float(d.abs().max()) if d.numel() else 0.0)
+        moved_bf16 += int((trained[k].bfloat16() != a.bfloat16()).sum())
+    return {"params": params, "moved": moved, "mean_abs_delta": total_abs / moved if moved else 0.0,
+            "max_abs_delta": max_abs, "moved_in_bf16": moved_bf16}
+
+
+def adam_noise_floor(lr: float, steps: int, betas: Sequence[float] = (0.9, 0.95), signal: float = 0.0,
+                     n: int = 200_000, seed: int = 0) -> float:
+    """Mean ``|delta|`` after ``steps`` AdamW steps on gradients ``signal * g + noise`` (``g`` and the
+    noise standard normal, fresh noise every step): ``signal = 0`` is the pure-noise floor,
+    ``signal = inf`` (a constant gradient) gives ``steps * lr``.
+
+    >>> round(adam_noise_floor(1e-3, 1) / 1e-3, 3)  # one step: exactly lr, whatever the gradient
+    1.0
+    >>> adam_noise_floor(1e-3, 6) < adam_noise_floor(1e-3, 6, signal=1.0) < 6e-3
+    True
+    """
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.nn.Parameter(torch.zeros(n))
+    opt = torch.optim.AdamW([p], lr=lr, betas=tuple(betas), weight_decay=0.0)
+    direction = torch.randn(n, generator=gen)
+    for _ in range(steps):
+        noise = torch.randn(n, generator=gen)
+        p.grad = direction if signal == float("inf") else signal * direction + noise
+        opt.step()
+    return float(p.detach().abs().mean())
+
+
+def random_sign_update(start: dict[str, torch.Tensor], trained: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
+    """``start + s * (trained - start)``, ``s`` = +-1 per parameter (a parameter that did not move stays)."""
+    _check_same(start, trained)
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for k in sorted(start):
+        a = start[k]
+        d = trained[k].float() - a.float()
+        sign = torch.randint(0, 2, d.shape, generator=gen).float() * 2 - 1
+        out[k] = (a.float() + sign * d).to(trained[k].dtype)
+    return out
+
+
+def write_like(folder: str | Path, weights: dict[str, torch.Tensor], out: str | Path) -> Path:
+    """A copy of the HF folder ``folder`` (config, tokenizer, ...) whose weights are ``weights`` (one file)."""
+    from safetensors.torch import save_file
+
+    src, dst = Path(folder), Path(out)
+    if dst.exists():
+        raise DataError(f"{dst} exists: choose a new --out")
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(WEIGHTS, "*.safetensors.index.json"))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tmp.rename(dst)
+    return dst
+
+
+def run_settings(run: Path) -> dict[str, Any]:
+    """``lr``, ``betas`` and the optimizer steps taken, from an RL run folder (``config.yaml``,
+    ``metrics.jsonl``), for a constant-lr schedule."""
+    import json
+
+    import yaml
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    algo = cfg.get("algo", {})
+    if algo.get("schedule", "constant") != "constant" or algo.get("warmup_iters", 0):
+        raise DataError(f"{run}: the noise floor assumes a constant lr without warm-up; give --lr and --steps")
+    steps = 0
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "train":
+            steps += int(rec.get("batch/optimizer_steps", 0)) * int(algo.get("epochs_per_batch", 1) or 1)
+    return {"lr": float(algo["lr"]), "betas": tuple(algo.get("betas", (0.9, 0.95))), "steps": steps}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m r3rag.train.rl.update_noise {stats,random-sign} START TRAINED ...``"""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(
+        prog="python -m r3rag.train.rl.update_noise",
+        description="Was an RL update signal or noise? 'stats' compares how far the parameters moved with the walk "
+        "AdamW takes on pure-noise gradients; 'random-sign' writes the null control (every parameter's update with a "
+        "random sign) to evaluate beside the trained model.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("stats", help="update size against AdamW's pure-noise floor")
+    rs = sub.add_parser("random-sign", help="write START + random sign x (TRAINED - START) as an HF folder")
+    for p in (st, rs):
+        p.add_argument("start", help="HF folder of the model training started from (e.g. the SFT checkpoint)")
+        p.add_argument("trained", help="HF folder of the trained model, or an RL run folder (its final/ is used)")
+    st.add_argument("--lr", type=float, default=None, help="AdamW lr (default: the RL run folder's config.yaml)")
+    st.add_argument("--steps", type=int, default=None, help="optimizer steps taken (default: from the run's metrics.jsonl)")
+    st.add_argument("--betas", type=float, nargs=2, default=None, help="AdamW betas (default: the run's, else 0.9 0.95)")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    rs.add_argument("--out", required=True, help="new folder for the random-sign copy")
+    rs.add_argument("--seed", type=int, default=0, help="seed of the signs (default: %(default)s)")
+    a = ap.parse_args(argv)
+    trained = Path(a.trained)
+    run = trained if (trained / "final").is_dir() else None
+    model_dir = trained / "final" if run is not None else trained
+    try:
+        start_w, trained_w = load_weights(a.start), load_weights(model_dir)
+        if a.cmd == "random-sign":
+            out = write_like(model_dir, random_sign_update(start_w, trained_w, a.seed), a.out)
+            print(f"wrote {out}: {a.start} + random sign x ({model_dir} - {a.start}), seed {a.seed}")
+            return 0
+        settings = run_settings(run) if run is not None and (a.lr is None or a.steps is None) else {}
+        lr = a.lr if a.lr is not None else settings.get("lr")
+        steps = a.steps if a.steps is not None else settings.get("steps")
+        betas = a.betas or settings.get("betas") or (0.9, 0.95)
+        if lr is None or not steps:
+            print("error: give --lr and --steps (or an RL run folder as TRAINED)", file=sys.stderr)
+            return 2
+        s = update_stats(start_w, trained_w)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    s.update(lr=lr, steps=steps, betas=list(betas), constant_sign=lr * steps,
+             noise_floor=adam_noise_floor(lr, steps, betas), signal_1=adam_noise_floor(lr, steps, betas, signal=1.0))
+    s["consistency"] = s["mean_abs_delta"] / s["constant_sign"]
+    if a.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"{s['moved']:,} of {s['params']:,} parameters moved ({s['moved_in_bf16']:,} still differ in bfloat16); "
+          f"AdamW lr {lr:g}, betas {tuple(betas)}, {steps} steps")
+    print("| mean abs delta (moved) | pure-noise gradients | signal = noise per step | constant gradient | max abs delta |")
+    print("|---|---|---|---|---|")
+    print(f"| {s['mean_abs_delta']:.3g} | {s['noise_floor']:.3g} | {s['signal_1']:.3g} | {s['constant_sign']:.3g} "
+          f"| {s['max_abs_delta']:.3g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

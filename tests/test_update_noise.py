@@ -1,0 +1,110 @@
+"""The update-noise checks on tiny saved models: a pure-noise AdamW walk sits at the noise floor, a
+constant-sign update at ``steps x lr``; the random-sign copy keeps every ``|delta|`` and loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from r3rag.testing.tiny_models import save_tiny_model
+from r3rag.train.rl.update_noise import adam_noise_floor, load_weights, main, write_like
+
+LR, STEPS = 1e-3, 4
+
+
+def trained_run(tmp_path, start, how: str):
+    """An RL-run-like folder (config.yaml, metrics.jsonl, final/) whose final/ is ``start`` moved by
+    ``STEPS`` AdamW steps on every tensor but the embeddings (left frozen): on fresh Gaussian
+    gradients (``noise``) or on one fixed gradient (``constant``)."""
+    w = load_weights(start)
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in w.items() if "embed" not in k}
+    opt = torch.optim.AdamW(params.values(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(1)
+    fixed = {k: torch.randn(p.shape, generator=gen) for k, p in params.items()}
+    for _ in range(STEPS):
+        for k, p in params.items():
+            p.grad = fixed[k] if how == "constant" else torch.randn(p.shape, generator=gen)
+        opt.step()
+    moved = {k: params[k].detach() if k in params else v for k, v in w.items()}
+    run = tmp_path / f"run-{how}"
+    run.mkdir()
+    write_like(start, moved, run / "final")
+    (run / "config.yaml").write_text(f"algo:\n  lr: {LR}\n  betas: [0.9, 0.95]\n  schedule: constant\n")
+    recs = [{"kind": "train", "step": i + 1, "batch/optimizer_steps": 1} for i in range(STEPS)] + [{"kind": "eval", "step": STEPS}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return run, w, moved
+
+
+def stats(capsys, start, run) -> dict:
+    assert main(["stats", str(start), str(run), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture()
+def start(tmp_path):
+    return save_tiny_model(tmp_path / "start")
+
+
+def test_noise_walk_sits_at_the_floor_and_a_constant_gradient_at_steps_x_lr(tmp_path, start, capsys):
+    noise_run, w, _ = trained_run(tmp_path, start, "noise")
+    s = stats(capsys, start, noise_run)
+    frozen = sum(v.numel() for k, v in w.items() if "embed" in k)
+    assert s["steps"] == STEPS and s["lr"] == LR and s["params"] == sum(v.numel() for v in w.values())
+    assert s["moved"] == s["params"] - frozen  # the embeddings did not move
+    assert s["mean_abs_delta"] == pytest.approx(s["noise_floor"], rel=0.05)
+    assert s["consistency"] < 0.6
+
+    const_run, _, _ = trained_run(tmp_path, start, "constant")
+    c = stats(capsys, start, const_run)
+    assert c["mean_abs_delta"] == pytest.approx(STEPS * LR, rel=0.01) and c["consistency"] > 0.99
+    assert c["mean_abs_delta"] > c["signal_1"] > c["noise_floor"]
+    assert c["max_abs_delta"] == pytest.approx(STEPS * LR, rel=0.01)
+
+
+def test_random_sign_copy_keeps_every_size_flips_about_half_and_loads(tmp_path, start, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, w, moved = trained_run(tmp_path, start, "noise")
+    out = tmp_path / "flipped"
+    assert main(["random-sign", str(start), str(run), "--out", str(out), "--seed", "3"]) == 0
+    flipped = load_weights(out)
+    agree = total = 0
+    for k, a in w.items():
+        d_trained, d_flipped = moved[k] - a, flipped[k] - a
+        assert torch.allclose(d_flipped.abs(), d_trained.abs(), atol=1e-7), k
+        if "embed" in k:
+            assert torch.equal(flipped[k], a)  # a parameter that did not move stays
+        else:
+            agree += int((torch.sign(d_flipped) == torch.sign(d_trained)).sum())
+            total += d_trained.numel()
+    assert 0.45 < agree / total < 0.55
+    AutoModelForCausalLM.from_pretrained(out)  # an HF folder every command takes as --model
+    assert AutoTokenizer.from_pretrained(out) is not None
+    # another seed, other signs; an existing --out is refused
+    assert main(["random-sign", str(start), str(run), "--out", str(tmp_path / "f4"), "--seed", "4"]) == 0
+    proj = next(k for k in w if "proj" in k)
+    assert not torch.equal(load_weights(tmp_path / "f4")[proj], flipped[proj])
+    assert main(["random-sign", str(start), str(run), "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_errors_are_clear(tmp_path, start, capsys):
+    other = save_tiny_model(tmp_path / "other", arch="qwen2")
+    assert main(["stats", str(start), str(other), "--lr", "1e-3", "--steps", "2"]) == 2
+    assert "different tensors" in capsys.readouterr().err  # qwen2 has attention biases llama lacks
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["stats", str(start), str(empty), "--lr", "1e-3", "--steps", "2"]) == 2
+    assert "no *.safetensors" in capsys.readouterr().err
+    shutil.copytree(start, tmp_path / "copy")
+    assert main(["stats", str(start), str(tmp_path / "copy")]) == 2  # a model folder, no run: lr and steps needed
+    assert "--lr and --steps" in capsys.readouterr().err
+
+
+def test_noise_floor_one_step_is_lr_and_needs_a_step():
+    assert adam_noise_floor(1e-3, 1) == pytest.approx(1e-3, rel=1e-3)
+    with pytest.raises(ValueError):
+        adam_noise_floor(1e-3, 0)
