@@ -92,6 +92,7 @@ def test_every_stage_runs_and_its_outputs_load_in_the_next(tmp_path, tiny_model)
     md = (work / "report" / "quickstart.md").read_text()
     for needle in ("| base (rag, prompted) | 4 |", "| SFT | 4 |", "| RL | 4 |", "| SFT - base | 4 |", "| RL - SFT | 4 |",
                    "SFT beat the prompted base:", "RL beat SFT:", "not the training run", "r3rag.evaluation.replicates",
+                   "trained parameters moved", "on pure-noise gradients",  # the RL update against AdamW's noise walk
                    "![RL curves](rl_curves.png)", "| coldstart |",
                    "## Evidence found and answers read", "SFT -> RL, by whether each found every gold passage",
                    f"--model {(work / 'rl' / 'final').resolve()}"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from r3rag.testing.tiny_models import save_tiny_model
-from r3rag.train.rl.update_noise import adam_noise_floor, load_weights, main, write_like
+from r3rag.train.rl.update_noise import adam_noise_floor, load_weights, main, run_update_summary, update_line, write_like
 
 LR, STEPS = 1e-3, 4
 
@@ -39,6 +39,7 @@ def trained_run(tmp_path, start, how: str):
 
 
 def stats(capsys, start, run) -> dict:
+    """The CLI's JSON summary."""
     assert main(["stats", str(start), str(run), "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -57,8 +58,11 @@ def test_noise_walk_sits_at_the_floor_and_a_constant_gradient_at_steps_x_lr(tmp_
     assert s["mean_abs_delta"] == pytest.approx(s["noise_floor"], rel=0.05)
     assert s["consistency"] < 0.6
 
+    assert s["at_noise_floor"] and "at the noise floor" in update_line(s)
+
     const_run, _, _ = trained_run(tmp_path, start, "constant")
     c = stats(capsys, start, const_run)
+    assert not c["at_noise_floor"] and "above the noise floor" in update_line(c)
     assert c["mean_abs_delta"] == pytest.approx(STEPS * LR, rel=0.01) and c["consistency"] > 0.99
     assert c["mean_abs_delta"] > c["signal_1"] > c["noise_floor"]
     assert c["max_abs_delta"] == pytest.approx(STEPS * LR, rel=0.01)
@@ -108,3 +112,16 @@ def test_noise_floor_one_step_is_lr_and_needs_a_step():
     assert adam_noise_floor(1e-3, 1) == pytest.approx(1e-3, rel=1e-3)
     with pytest.raises(ValueError):
         adam_noise_floor(1e-3, 0)
+
+
+def test_run_summary_reads_the_start_from_the_run_config(tmp_path, start):
+    run, _, _ = trained_run(tmp_path, start, "noise")
+    with (run / "config.yaml").open("a") as f:
+        f.write(f"model:\n  path: {start}\n")
+    s = run_update_summary(run)
+    assert s["start"] == str(start) and s["steps"] == STEPS and s["at_noise_floor"]
+    (run / "config.yaml").write_text(f"algo:\n  lr: {LR}\n")  # no model.path: nothing to compare with
+    from r3rag.errors import DataError
+
+    with pytest.raises(DataError, match="model.path"):
+        run_update_summary(run)

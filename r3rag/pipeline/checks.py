@@ -155,7 +155,20 @@ def check_rl(out: Path, require_signal: bool = True) -> dict[str, Any]:
     trend = f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} over {len(rewards)} iterations" if rewards else "no reward logged"
     note = " (flat, every group filtered: no signal)" if flat and all_filtered else ""
     return {"dir": str(out), "checkpoint": str(ckpt), "rewards": [round(float(x), 4) for x in rewards],  # type: ignore[arg-type]
-            "curves": curves, "no_signal": flat and all_filtered, "line": f"{ckpt.name}: {trend}{note}"}
+            "curves": curves, "no_signal": flat and all_filtered, "line": f"{ckpt.name}: {trend}{note}",
+            "update": rl_update_summary(ckpt.parent)}
+
+
+def rl_update_summary(run: Path) -> dict[str, Any] | None:
+    """How far the RL update moved the parameters against AdamW's pure-noise walk
+    (:func:`r3rag.train.rl.update_noise.run_update_summary`), for the report; None, with nothing
+    raised, when the run folder lacks what it needs (a diagnostic never fails the stage)."""
+    from r3rag.train.rl.update_noise import run_update_summary
+
+    try:
+        return run_update_summary(run)
+    except Exception:  # noqa: BLE001 - a missing config, weights or step: the report leaves the line out
+        return None
 
 
 # --- the learning claims -------------------------------------------------------------------------

@@ -260,6 +260,11 @@ def write_report(ctx: Context) -> dict[str, Any]:
         md += ["## Learning claims", "", *[f"- {c['text']}" for c in claims], ""]
         if any(c["name"] == "rl_vs_sft" for c in claims):
             md += [RL_RUN_NOTE, ""]
+            update = (rl_marker or {}).get("summary", {}).get("update")
+            if update:
+                from r3rag.train.rl.update_noise import update_line
+
+                md += [update_line(update), ""]
     md += by_type_lines({labels[name]: runs[name]["rows"] for name in order})
     md += evidence_lines({labels[name]: runs[name]["rows"] for name in order if name != base})
     if times:

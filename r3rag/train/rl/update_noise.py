@@ -156,6 +156,47 @@ def run_settings(run: Path) -> dict[str, Any]:
     return {"lr": float(algo["lr"]), "betas": tuple(algo.get("betas", (0.9, 0.95))), "steps": steps}
 
 
+def summarize_update(start: str | Path, model_dir: str | Path, lr: float, steps: int,
+                     betas: Sequence[float] = (0.9, 0.95)) -> dict[str, Any]:
+    """:func:`update_stats` with the AdamW walks to compare against: ``noise_floor`` (pure-noise
+    gradients), ``signal_1`` (signal as large as the noise, every step), ``constant_sign``
+    (``lr x steps``), ``consistency`` (mean ``|delta|`` / ``constant_sign``) and ``at_noise_floor``:
+    the mean ``|delta|`` is closer to the pure-noise walk than to the signal-equals-noise one."""
+    s = update_stats(load_weights(start), load_weights(model_dir))
+    s.update(lr=lr, steps=steps, betas=list(betas), constant_sign=lr * steps,
+             noise_floor=adam_noise_floor(lr, steps, betas), signal_1=adam_noise_floor(lr, steps, betas, signal=1.0))
+    s["consistency"] = s["mean_abs_delta"] / s["constant_sign"]
+    s["at_noise_floor"] = s["mean_abs_delta"] < (s["noise_floor"] + s["signal_1"]) / 2
+    return s
+
+
+def run_update_summary(run: str | Path) -> dict[str, Any]:
+    """:func:`summarize_update` of an RL run folder: its ``final/`` against the model it started
+    from (``model.path`` of its ``config.yaml``), with the run's lr, betas and optimizer steps."""
+    import yaml
+
+    run = Path(run)
+    start = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("model", {}).get("path")
+    if not start:
+        raise DataError(f"{run}/config.yaml names no model.path to compare with")
+    st = run_settings(run)
+    if not st["steps"]:
+        raise DataError(f"{run}: no optimizer step in metrics.jsonl")
+    return {"start": str(start), **summarize_update(start, run / "final", st["lr"], st["steps"], st["betas"])}
+
+
+def update_line(s: dict[str, Any]) -> str:
+    """One paragraph for a report, from :func:`summarize_update`'s dict."""
+    verdict = ("This update is at the noise floor: no parameter kept its direction across the steps, and a null "
+               "control of such updates (the same sizes, random signs) cost SFT as much as the trained ones "
+               "(docs/rl.md, \"a null control\")." if s["at_noise_floor"] else
+               "This update is above the noise floor: some parameters kept their direction across the steps.")
+    return (f"RL update: the {s['moved']:,} trained parameters moved {s['mean_abs_delta']:.3g} on average in "
+            f"{s['steps']} AdamW steps (lr {s['lr']:g}); AdamW moves them {s['noise_floor']:.3g} on pure-noise "
+            f"gradients and {s['constant_sign']:.3g} on a constant gradient. {verdict} "
+            "(`python -m r3rag.train.rl.update_noise stats SFT_CHECKPOINT WORK/rl`)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m r3rag.train.rl.update_noise {stats,random-sign} START TRAINED ...``"""
     import argparse
@@ -184,9 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = trained if (trained / "final").is_dir() else None
     model_dir = trained / "final" if run is not None else trained
     try:
-        start_w, trained_w = load_weights(a.start), load_weights(model_dir)
         if a.cmd == "random-sign":
-            out = write_like(model_dir, random_sign_update(start_w, trained_w, a.seed), a.out)
+            out = write_like(model_dir, random_sign_update(load_weights(a.start), load_weights(model_dir), a.seed), a.out)
             print(f"wrote {out}: {a.start} + random sign x ({model_dir} - {a.start}), seed {a.seed}")
             return 0
         settings = run_settings(run) if run is not None and (a.lr is None or a.steps is None) else {}
@@ -196,13 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if lr is None or not steps:
             print("error: give --lr and --steps (or an RL run folder as TRAINED)", file=sys.stderr)
             return 2
-        s = update_stats(start_w, trained_w)
+        s = summarize_update(a.start, model_dir, lr, steps, betas)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    s.update(lr=lr, steps=steps, betas=list(betas), constant_sign=lr * steps,
-             noise_floor=adam_noise_floor(lr, steps, betas), signal_1=adam_noise_floor(lr, steps, betas, signal=1.0))
-    s["consistency"] = s["mean_abs_delta"] / s["constant_sign"]
     if a.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -212,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     print(f"| {s['mean_abs_delta']:.3g} | {s['noise_floor']:.3g} | {s['signal_1']:.3g} | {s['constant_sign']:.3g} "
           f"| {s['max_abs_delta']:.3g} |")
+    print("at the noise floor: no parameter kept its direction across the steps" if s["at_noise_floor"]
+          else "above the noise floor: some parameters kept their direction across the steps")
     return 0
 
 
