@@ -93,6 +93,11 @@ def test_random_sign_copy_keeps_every_size_flips_about_half_and_loads(tmp_path, 
     assert not torch.equal(load_weights(tmp_path / "f4")[proj], flipped[proj])
     assert main(["random-sign", str(start), str(run), "--out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
+    # --scale 0.5: every |delta| halved, the same signs as the same seed at full size
+    assert main(["random-sign", str(start), str(run), "--out", str(tmp_path / "half"), "--seed", "3", "--scale", "0.5"]) == 0
+    half = load_weights(tmp_path / "half")
+    assert torch.allclose(half[proj] - w[proj], 0.5 * (flipped[proj] - w[proj]), atol=1e-7)
+    assert main(["random-sign", str(start), str(run), "--out", str(tmp_path / "zero"), "--scale", "0"]) == 2
 
 
 def test_errors_are_clear(tmp_path, start, capsys):

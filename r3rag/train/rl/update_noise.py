@@ -109,8 +109,10 @@ def adam_noise_floor(lr: float, steps: int, betas: Sequence[float] = (0.9, 0.95)
     return float(p.detach().abs().mean())
 
 
-def random_sign_update(start: dict[str, torch.Tensor], trained: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
-    """``start + s * (trained - start)``, ``s`` = +-1 per parameter (a parameter that did not move stays)."""
+def random_sign_update(start: dict[str, torch.Tensor], trained: dict[str, torch.Tensor], seed: int = 0,
+                       scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """``start + scale * s * (trained - start)``, ``s`` = +-1 per parameter (a parameter that did not
+    move stays); ``scale`` < 1 asks what a smaller random step would cost."""
     _check_same(start, trained)
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
@@ -118,7 +120,7 @@ def random_sign_update(start: dict[str, torch.Tensor], trained: dict[str, torch.
         a = start[k]
         d = trained[k].float() - a.float()
         sign = torch.randint(0, 2, d.shape, generator=gen).float() * 2 - 1
-        out[k] = (a.float() + sign * d).to(trained[k].dtype)
+        out[k] = (a.float() + scale * sign * d).to(trained[k].dtype)
     return out
 
 
@@ -220,14 +222,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
     rs.add_argument("--out", required=True, help="new folder for the random-sign copy")
     rs.add_argument("--seed", type=int, default=0, help="seed of the signs (default: %(default)s)")
+    rs.add_argument("--scale", type=float, default=1.0,
+                    help="multiply every |delta| by this (default: %(default)s; 0.5: a random step half the size)")
     a = ap.parse_args(argv)
     trained = Path(a.trained)
     run = trained if (trained / "final").is_dir() else None
     model_dir = trained / "final" if run is not None else trained
     try:
         if a.cmd == "random-sign":
-            out = write_like(model_dir, random_sign_update(load_weights(a.start), load_weights(model_dir), a.seed), a.out)
-            print(f"wrote {out}: {a.start} + random sign x ({model_dir} - {a.start}), seed {a.seed}")
+            if a.scale <= 0:
+                print("error: --scale must be above 0", file=sys.stderr)
+                return 2
+            flipped = random_sign_update(load_weights(a.start), load_weights(model_dir), a.seed, a.scale)
+            out = write_like(model_dir, flipped, a.out)
+            print(f"wrote {out}: {a.start} + {a.scale:g} x random sign x ({model_dir} - {a.start}), seed {a.seed}")
             return 0
         settings = run_settings(run) if run is not None and (a.lr is None or a.steps is None) else {}
         lr = a.lr if a.lr is not None else settings.get("lr")
