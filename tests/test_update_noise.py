@@ -130,3 +130,13 @@ def test_run_summary_reads_the_start_from_the_run_config(tmp_path, start):
 
     with pytest.raises(DataError, match="model.path"):
         run_update_summary(run)
+
+
+def test_run_settings_count_the_logged_optimizer_steps(tmp_path):
+    # the loop logs batch/optimizer_steps = passes x steps per pass already: not multiplied again
+    from r3rag.train.rl.update_noise import run_settings
+
+    (tmp_path / "config.yaml").write_text("algo:\n  lr: 2.0e-5\n  epochs_per_batch: 2\n")
+    recs = [{"kind": "train", "batch/optimizer_steps": 4}, {"kind": "eval"}, {"kind": "train", "batch/optimizer_steps": 4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert run_settings(tmp_path) == {"lr": 2e-5, "betas": (0.9, 0.95), "steps": 8}

@@ -154,7 +154,7 @@ def run_settings(run: Path) -> dict[str, Any]:
     for line in (run / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec.get("kind") == "train":
-            steps += int(rec.get("batch/optimizer_steps", 0)) * int(algo.get("epochs_per_batch", 1) or 1)
+            steps += int(rec.get("batch/optimizer_steps", 0))  # every step of every pass over the batch
     return {"lr": float(algo["lr"]), "betas": tuple(algo.get("betas", (0.9, 0.95))), "steps": steps}
 
 
