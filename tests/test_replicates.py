@@ -9,7 +9,8 @@ import pytest
 
 from r3rag.errors import DataError
 from r3rag.evaluation.paired import paired_differences
-from r3rag.evaluation.replicates import crossed_bootstrap, difference_matrix, main, replicate_differences
+from r3rag.evaluation.replicates import (control_differences, crossed_bootstrap, crossed_bootstrap_two,
+                                         difference_matrix, main, replicate_differences)
 
 
 def _rows(ems, ids=None):
@@ -89,3 +90,50 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "--resamples" in capsys.readouterr().err
     with pytest.raises(DataError, match="no B run"):
         difference_matrix(_rows([1]), [])
+
+
+def test_b_against_a_null_control_is_the_difference_of_their_means():
+    # 10 questions, A answers none. B's runs: 4 and 2 right (+40, +20); the control's runs: 3 and 1
+    # right (+30, +10). B - control = mean(40, 20) - mean(30, 10) = 30 - 20 = +10.
+    a = _rows([0] * 10)
+    b = [_rows([1] * 4 + [0] * 6), _rows([1] * 2 + [0] * 8)]
+    c = [_rows([1] * 3 + [0] * 7), _rows([0] * 9 + [1])]
+    v = control_differences(a, b, c, names=("em", "retrievals"), resamples=300)
+    assert v["em"]["diff"] == 10.0 and v["em"]["per_run"] == [40.0, 20.0] and v["em"]["control_per_run"] == [30.0, 10.0]
+    assert v["retrievals"]["diff"] == pytest.approx(0.1)  # retrievals = 1 + right: the same +10 points / 100
+    assert (v["em"]["runs"], v["em"]["control_runs"], v["em"]["n"]) == (2, 2, 10)
+    # the same runs as B and as control: exactly zero, whatever the bootstrap draws around it
+    same = control_differences(a, b, b, names=("em",), resamples=300)["em"]
+    assert same["diff"] == 0.0 and same["ci95"][0] <= 0.0 <= same["ci95"][1] and not same["excludes_zero"]
+
+
+def test_the_control_runs_are_resampled_too():
+    # B: two runs at +50 on every question; control: one run at 0 and one at +100 on every question.
+    # Averaged over the control's runs each question's control is +50, B - control = 0 on every
+    # question, and a bootstrap of the questions alone would say [0, 0]. Drawing the control's two
+    # runs with replacement gives (0, 0) with probability 1/4 and (100, 100) with 1/4: the 2.5% and
+    # 97.5% points of B - control are +50 and -50.
+    db = np.full((2, 25), 50.0)  # (B runs, questions)
+    dc = np.array([[0.0] * 25, [100.0] * 25])  # (control runs, questions)
+    assert crossed_bootstrap_two(db, dc, resamples=1000, seed=1) == [-50.0, 50.0]
+    assert crossed_bootstrap_two(db, dc[:1], resamples=100) == [50.0, 50.0]  # one control run at 0: exact
+    with pytest.raises(DataError, match="25 and 3 questions"):
+        crossed_bootstrap_two(db, dc[:, :3])
+
+
+def test_the_control_comparison_keeps_only_questions_every_run_answered(tmp_path, capsys):
+    a = _run(tmp_path / "sft", [0, 0, 0, 0])
+    b = _run(tmp_path / "rl", [1, 1, 0, 0])
+    c = _run(tmp_path / "null", [1, 0, 0], ids=["q1", "q2", "q3"])  # q0 missing: it leaves B's rows too
+    assert main([str(a), str(b), "--control", str(c), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["vs_a"]["em"]["diff"] == 50.0 and out["vs_a"]["em"]["n"] == 4  # B - A alone keeps all four
+    v = out["vs_control"]["em"]
+    assert v["n"] == 3 and v["per_run"] == [pytest.approx(100 / 3, abs=1e-3)] and v["control_per_run"] == [pytest.approx(100 / 3, abs=1e-3)]
+    assert v["diff"] == 0.0
+    assert main([str(a), str(b), "--control", str(c)]) == 0
+    table = capsys.readouterr().out
+    assert "B - control: 1 run(s) of B against 1 control run(s) on the 3 questions" in table
+    assert "| em | +0.00 [" in table
+    with pytest.raises(DataError, match="no control run"):
+        control_differences(_rows([1]), [_rows([1])], [])

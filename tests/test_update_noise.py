@@ -140,3 +140,42 @@ def test_run_settings_count_the_logged_optimizer_steps(tmp_path):
     recs = [{"kind": "train", "batch/optimizer_steps": 4}, {"kind": "eval"}, {"kind": "train", "batch/optimizer_steps": 4}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert run_settings(tmp_path) == {"lr": 2e-5, "betas": (0.9, 0.95), "steps": 8}
+
+
+def test_bf16_steps_move_exactly_n_weights_one_bf16_step_among_the_trained_ones(tmp_path, start, capsys):
+    run, w, moved = trained_run(tmp_path, start, "noise")  # every tensor but the embeddings moved
+    out = tmp_path / "probe"
+    assert main(["bf16-steps", str(start), "--count", "50", "--among", str(run), "--out", str(out), "--seed", "3"]) == 0
+    assert "with 50 of" in capsys.readouterr().out
+    probe = load_weights(out)
+    changed = 0
+    for k, v in w.items():
+        before, after = v.bfloat16(), probe[k].bfloat16()
+        diff = before != after
+        if "embed" in k:
+            assert not diff.any()  # not moved by the trained model: never drawn
+            assert torch.equal(probe[k], v)
+            continue
+        changed += int(diff.sum())
+        # each changed weight is the next representable bfloat16 value above or below in magnitude
+        steps = (after[diff].view(torch.int16).int() - before[diff].view(torch.int16).int()).abs()
+        assert steps.tolist() == [1] * int(diff.sum())
+        assert torch.equal(probe[k][~diff], v[~diff])  # the others are the very same float32 values
+    assert changed == 50
+    # both directions are drawn
+    ups = sum(int((probe[k].bfloat16().float().abs() > v.bfloat16().float().abs()).sum()) for k, v in w.items())
+    assert 10 < ups < 40
+    from transformers import AutoModelForCausalLM
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_bf16_steps_draw_among_all_weights_and_refuse_a_count_too_large(tmp_path, start, capsys):
+    w = load_weights(start)
+    assert main(["bf16-steps", str(start), "--count", "7", "--out", str(tmp_path / "all")]) == 0
+    capsys.readouterr()
+    probe = load_weights(tmp_path / "all")
+    assert sum(int((probe[k].bfloat16() != v.bfloat16()).sum()) for k, v in w.items()) == 7
+    total = sum(int((v.bfloat16() != 0).sum()) for v in w.values() if v.is_floating_point())
+    assert main(["bf16-steps", str(start), "--count", str(total + 1), "--out", str(tmp_path / "x")]) == 2
+    assert f"between 1 and the {total:,} candidate weights" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

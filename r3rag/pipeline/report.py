@@ -40,7 +40,10 @@ COLUMN_LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM", "retrievals": "
 RL_RUN_NOTE = ("These intervals resample the held-out questions, not the training run: on this world two RL runs "
                "of one recipe from one SFT checkpoint, differing only in `train.seed`, scored 4 EM apart on the same "
                "questions (docs/rl.md). To judge a recipe, train it with several `train.seed` values and compare "
-               "with `python -m r3rag.evaluation.replicates WORK/eval/sft RUN1 RUN2 ...`.")
+               "with `python -m r3rag.evaluation.replicates WORK/eval/sft RUN1 RUN2 ...`. Any change to a greedy "
+               "student redraws some answers: on this world every small change of the SFT checkpoint tried (53 thousand "
+               "weights one bf16 step away, its float32 view, random-sign copies of RL updates) cost it about 3 EM, so "
+               "compare RL with such a null control too (`... --control NULL1 NULL2 ...`, docs/rl.md).")
 #: the issue's goals, in EM points (stated beside the measured claim)
 GOALS = {"sft_vs_base": 20.0, "rl_vs_sft": 5.0}
 

@@ -1,8 +1,10 @@
-"""Was an RL update signal or noise? Two checks on the weights alone (no model forward).
+"""Was an RL update signal or noise? Checks on the weights alone (no model forward), and the
+copies to evaluate beside a trained model.
 
 A few optimizer steps of AdamW move every trained parameter by about ``lr`` per step whatever
 its gradient's size (``m / sqrt(v)`` is near +-1 early on), so the size of an update says nothing
-about its direction. Two things do:
+about its direction. Two things do (``stats``, ``random-sign``); a third command measures what
+any change at all costs (``bf16-steps``):
 
 ``stats``
     How far each parameter went, against what AdamW gives for gradients that are pure noise.
@@ -19,6 +21,12 @@ about its direction. Two things do:
     independently per parameter. Evaluate it as the trained model is evaluated: a random update of
     the same size per parameter. If the trained model scores no better than its random-sign
     copies, the update's direction carried nothing the evaluation can see.
+``bf16-steps``
+    How fragile is a checkpoint's greedy evaluation? A copy of START in which ``N`` weights
+    (drawn among those a trained model moved, or among all) are each one bfloat16 step away from
+    their bfloat16 value, up or down at random, and every other weight rounds to exactly the
+    bfloat16 value it had. Evaluated in bfloat16 it is START with exactly ``N`` weights changed by
+    the smallest change the evaluation can see: the cost of *any* change of that many weights.
 
 >>> import torch
 >>> start = {"w": torch.zeros(4), "frozen": torch.ones(2)}
@@ -158,6 +166,55 @@ def run_settings(run: Path) -> dict[str, Any]:
     return {"lr": float(algo["lr"]), "betas": tuple(algo.get("betas", (0.9, 0.95))), "steps": steps}
 
 
+def bf16_step_flips(start: dict[str, torch.Tensor], count: int, seed: int = 0,
+                    among: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], int]:
+    """START with ``count`` weights each moved one bfloat16 step (random direction) from their
+    bfloat16 value, and the number of weights they were drawn from. Candidates: the non-zero
+    floating-point weights, only those ``among`` (a trained model) moved when it is given. Every
+    other weight is returned unchanged, so it rounds to the same bfloat16 value as before.
+
+    >>> import torch
+    >>> w = {"a": torch.tensor([0.05, -0.3, 0.0, 1.0]), "b": torch.tensor([2.0])}
+    >>> out, pool = bf16_step_flips(w, 2, seed=0)
+    >>> pool, int((out["a"].bfloat16() != w["a"].bfloat16()).sum() + (out["b"].bfloat16() != w["b"].bfloat16()).sum())
+    (4, 2)
+    """
+    if among is not None:
+        _check_same(start, among)
+    names, pools = [], []
+    for k in sorted(start):
+        a = start[k]
+        if not a.is_floating_point():
+            continue
+        ok = a.bfloat16() != 0  # a zero's bit pattern - 1 is not a number
+        if among is not None:
+            ok &= among[k].float() != a.float()
+        idx = ok.flatten().nonzero().flatten()  # (eligible,)
+        if idx.numel():
+            names.append(k)
+            pools.append(idx)
+    total = sum(int(i.numel()) for i in pools)
+    if count < 1 or count > total:
+        raise DataError(f"--count must be between 1 and the {total:,} candidate weights, not {count}")
+    gen = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(total, generator=gen)[:count].sort().values  # (count,) positions in the pools
+    out = dict(start)
+    offset = 0
+    for k, idx in zip(names, pools):
+        sel = chosen[(chosen >= offset) & (chosen < offset + idx.numel())] - offset
+        offset += idx.numel()
+        if not sel.numel():
+            continue
+        flat = start[k].flatten().bfloat16()  # (numel,)
+        pick = idx[sel]  # (picked,)
+        step = torch.randint(0, 2, (pick.numel(),), generator=gen, dtype=torch.int16) * 2 - 1
+        bits = flat[pick].view(torch.int16) + step  # one representable bfloat16 value up or down in magnitude
+        new = start[k].flatten().clone()
+        new[pick] = bits.view(torch.bfloat16).to(new.dtype)
+        out[k] = new.view_as(start[k])
+    return out, total
+
+
 def summarize_update(start: str | Path, model_dir: str | Path, lr: float, steps: int,
                      betas: Sequence[float] = (0.9, 0.95)) -> dict[str, Any]:
     """:func:`update_stats` with the AdamW walks to compare against: ``noise_floor`` (pure-noise
@@ -209,10 +266,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m r3rag.train.rl.update_noise",
         description="Was an RL update signal or noise? 'stats' compares how far the parameters moved with the walk "
         "AdamW takes on pure-noise gradients; 'random-sign' writes the null control (every parameter's update with a "
-        "random sign) to evaluate beside the trained model.")
+        "random sign) to evaluate beside the trained model; 'bf16-steps' writes a copy with N weights one bfloat16 "
+        "step away, to measure what any change of the model costs its evaluation.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("stats", help="update size against AdamW's pure-noise floor")
     rs = sub.add_parser("random-sign", help="write START + random sign x (TRAINED - START) as an HF folder")
+    bs = sub.add_parser("bf16-steps", help="write START with N weights each one bfloat16 step away (a fragility probe)")
+    bs.add_argument("start", help="HF folder of the model to perturb (e.g. the SFT checkpoint)")
+    bs.add_argument("--count", type=int, required=True, help="how many weights to move one bfloat16 step")
+    bs.add_argument("--among", default=None,
+                    help="draw them among the weights this trained model (HF folder or RL run folder) moved "
+                    "(default: among all non-zero weights)")
+    bs.add_argument("--out", required=True, help="new folder for the copy")
+    bs.add_argument("--seed", type=int, default=0, help="seed of the weights and directions (default: %(default)s)")
     for p in (st, rs):
         p.add_argument("start", help="HF folder of the model training started from (e.g. the SFT checkpoint)")
         p.add_argument("trained", help="HF folder of the trained model, or an RL run folder (its final/ is used)")
@@ -225,6 +291,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rs.add_argument("--scale", type=float, default=1.0,
                     help="multiply every |delta| by this (default: %(default)s; 0.5: a random step half the size)")
     a = ap.parse_args(argv)
+    if a.cmd == "bf16-steps":
+        try:
+            among = None
+            if a.among:
+                among = load_weights(Path(a.among) / "final" if (Path(a.among) / "final").is_dir() else a.among)
+            out_w, pool = bf16_step_flips(load_weights(a.start), a.count, a.seed, among)
+            out = write_like(a.start, out_w, a.out)
+        except DataError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {out}: {a.start} with {a.count:,} of {pool:,} candidate weights one bfloat16 step away, seed {a.seed}")
+        return 0
     trained = Path(a.trained)
     run = trained if (trained / "final").is_dir() else None
     model_dir = trained / "final" if run is not None else trained
