@@ -147,6 +147,14 @@ def control_differences(rows_a: Sequence[dict[str, Any]], runs_b: Sequence[Seque
     return out
 
 
+def _interval(v: dict[str, Any]) -> str:
+    return f"{v['diff']:+.2f} [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}]" + (" *" if v["excludes_zero"] else "")
+
+
+def _each(xs: Sequence[float]) -> str:
+    return ", ".join(f"{x:+.2f}" for x in xs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m r3rag.evaluation.replicates RUN_A RUN_B1 RUN_B2 ...``"""
     import argparse
@@ -193,9 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| column | B - A (runs and questions resampled) | each run | sd between runs |")
     print("|---|---|---|---|")
     for k, v in d.items():
-        star = " *" if v["excludes_zero"] else ""
-        each = ", ".join(f"{x:+.2f}" for x in v["per_run"])
-        print(f"| {k} | {v['diff']:+.2f} [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}]{star} | {each} | {v['between_runs_sd']:.2f} |")
+        print(f"| {k} | {_interval(v)} | {_each(v['per_run'])} | {v['between_runs_sd']:.2f} |")
     if dc is not None:
         first = next(iter(dc.values()))
         print()
@@ -204,10 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("| column | B - control | B's runs - A | control's runs - A |")
         print("|---|---|---|---|")
         for k, v in dc.items():
-            star = " *" if v["excludes_zero"] else ""
-            each = ", ".join(f"{x:+.2f}" for x in v["per_run"])
-            ctrl = ", ".join(f"{x:+.2f}" for x in v["control_per_run"])
-            print(f"| {k} | {v['diff']:+.2f} [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}]{star} | {each} | {ctrl} |")
+            print(f"| {k} | {_interval(v)} | {_each(v['per_run'])} | {_each(v['control_per_run'])} |")
     return 0
 
 
