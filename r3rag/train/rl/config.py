@@ -57,8 +57,9 @@ class RewardSection(Section):
 
 
 class AlgoConfig(Section):
-    estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae | rft "
-                           "| group_norm_split (outcome and query steps normalised apart) (rejection sampling: imitate each question's best accepted samples, see rft_*)")
+    estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae "
+                           "| rft (rejection sampling: imitate each question's best accepted samples, see rft_*) "
+                           "| group_norm_split (outcome and query steps normalised apart)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount over generated tokens")
     lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     no_std_norm: bool = Field(False, description="batch advantage normalisation subtracts the mean only")

@@ -256,8 +256,14 @@ def update_line(s: dict[str, Any]) -> str:
             "(`python -m r3rag.train.rl.update_noise stats SFT_CHECKPOINT WORK/rl`)")
 
 
+def model_folder(path: str | Path) -> tuple[Path | None, Path]:
+    """``(run, model)``: an RL run folder and its ``final/``, or ``(None, path)`` for an HF folder."""
+    p = Path(path)
+    return (p, p / "final") if (p / "final").is_dir() else (None, p)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m r3rag.train.rl.update_noise {stats,random-sign} START TRAINED ...``"""
+    """``python -m r3rag.train.rl.update_noise {stats,random-sign,bf16-steps} START ...``"""
     import argparse
     import json
     import sys
@@ -291,22 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rs.add_argument("--scale", type=float, default=1.0,
                     help="multiply every |delta| by this (default: %(default)s; 0.5: a random step half the size)")
     a = ap.parse_args(argv)
-    if a.cmd == "bf16-steps":
-        try:
-            among = None
-            if a.among:
-                among = load_weights(Path(a.among) / "final" if (Path(a.among) / "final").is_dir() else a.among)
+    try:
+        if a.cmd == "bf16-steps":
+            among = load_weights(model_folder(a.among)[1]) if a.among else None
             out_w, pool = bf16_step_flips(load_weights(a.start), a.count, a.seed, among)
             out = write_like(a.start, out_w, a.out)
-        except DataError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        print(f"wrote {out}: {a.start} with {a.count:,} of {pool:,} candidate weights one bfloat16 step away, seed {a.seed}")
-        return 0
-    trained = Path(a.trained)
-    run = trained if (trained / "final").is_dir() else None
-    model_dir = trained / "final" if run is not None else trained
-    try:
+            print(f"wrote {out}: {a.start} with {a.count:,} of {pool:,} candidate weights one bfloat16 step away, seed {a.seed}")
+            return 0
+        run, model_dir = model_folder(a.trained)
         if a.cmd == "random-sign":
             if a.scale <= 0:
                 print("error: --scale must be above 0", file=sys.stderr)
