@@ -74,3 +74,21 @@ def tiny_model(arch: str = "llama"):
     from r3rag.testing.tiny_models import build_tiny_model
 
     return build_tiny_model(tiny_tokenizer(), arch=arch)
+
+
+def mixed_requests(backend: PolicyBackend, prompts: list[str]) -> tuple[list[GenerationRequest], GenerationOutput]:
+    """A batch with every kind of row the HF backend's token choice handles: greedy, sampled,
+    sampled with top-p (same seed as the sampled row, other distribution) and teacher-forced (the
+    ids of ``free``, a sampled output of ``backend``, which it returns too)."""
+    from r3rag.rollout.backends.base import SamplingParams
+
+    tok = backend.tokenizer  # type: ignore[attr-defined]
+
+    def req(text: str, **kw: object) -> GenerationRequest:
+        return GenerationRequest(encode(tok, text), text, SamplingParams(**kw))  # type: ignore[arg-type]
+
+    free = backend.generate_batch([req(prompts[2], max_tokens=5, temperature=1.0, seed=4)])[0]  # type: ignore[attr-defined]
+    forced = req(prompts[2], max_tokens=9, temperature=1.0)
+    forced.forced_ids = free.token_ids
+    return [req(prompts[0], max_tokens=9), req(prompts[1], max_tokens=9, temperature=1.0, seed=3),
+            req(prompts[1], max_tokens=9, temperature=0.7, top_p=0.8, seed=3), forced], free

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_helpers import tiny_model, tiny_tokenizer
+from rollout_helpers import mixed_requests, tiny_model, tiny_tokenizer
 
 from r3rag.rollout.backends.base import GenerationRequest, SamplingParams
 from r3rag.rollout.backends.hf import HFBackend, ModelLoadError, load_model
@@ -229,21 +229,113 @@ def test_inline_generation_runs_on_the_calling_thread_with_the_same_results(inli
 
 
 def test_the_sampler_draws_each_index_at_its_probability_and_never_a_zero_one():
-    """``_sample_index`` (inverse CDF at one uniform draw; replaced ``torch.multinomial``): over
-    20,000 draws from ``[0.1, 0, 0.4, 0.2, 0.3]`` each frequency is within 0.015 of its probability
-    (about 4 standard deviations), index 1 never comes, and the same generator seed gives the
-    same draws."""
-    from r3rag.rollout.backends.hf import _sample_index
+    """``_sample_rows`` (inverse CDF at one uniform per row; replaced ``torch.multinomial``): over
+    20,000 rows of ``[0.1, 0, 0.4, 0.2, 0.3]`` each frequency is within 0.015 of its probability
+    (about 4 standard deviations) and index 1 never comes; a row's draw depends only on its own
+    probabilities and uniform; a uniform at the top of [0, 1) takes the last non-zero entry."""
+    from r3rag.rollout.backends.hf import _sample_rows
 
-    probs = torch.tensor([0.1, 0.0, 0.4, 0.2, 0.3])
-    g = torch.Generator().manual_seed(0)
-    counts = torch.zeros(5)  # (V,)
-    for _ in range(20_000):
-        counts[_sample_index(probs, g)] += 1
-    freq = counts / counts.sum()
-    assert counts[1] == 0
-    assert torch.allclose(freq, probs, atol=0.015), freq
-    runs = [torch.Generator().manual_seed(7) for _ in range(2)]
-    draws = [[_sample_index(probs, gen) for _ in range(20)] for gen in runs]  # two generators, one seed
-    assert draws[0] == draws[1] and len(set(draws[0])) > 1
-    assert _sample_index(torch.tensor([0.0, 0.0, 1.0, 0.0]), g) == 2  # a one-hot row: its index, whatever the draw
+    probs = torch.tensor([0.1, 0.0, 0.4, 0.2, 0.3]).expand(20_000, 5)  # (n, V)
+    u = torch.rand(20_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (n,)
+    idx = _sample_rows(probs, u)  # (n,)
+    freq = torch.bincount(idx, minlength=5) / 20_000
+    assert freq[1] == 0
+    assert torch.allclose(freq, probs[0], atol=0.015), freq
+    # by hand: cumulative [0.1, 0.1, 0.5, 0.7, 1.0]; 0.05 -> 0, 0.1 -> 2 (never the zero entry), 0.69 -> 3
+    hand = torch.tensor([[0.1, 0.0, 0.4, 0.2, 0.3]] * 3)
+    assert _sample_rows(hand, torch.tensor([0.05, 0.1, 0.69], dtype=torch.float64)).tolist() == [0, 2, 3]
+    one_hot = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    assert _sample_rows(one_hot, torch.tensor([0.999999], dtype=torch.float64)).tolist() == [2]
+    # rounding: a total just under the uniform's share takes the last non-zero entry, never the zero tail
+    short = torch.tensor([[0.5, 0.25, 0.0]], dtype=torch.float32)
+    assert _sample_rows(short, torch.tensor([1.0], dtype=torch.float64)).tolist() == [1]
+    # a row alone or among others: the same index
+    mixed = torch.stack([probs[0], torch.tensor([0.0, 0.0, 0.0, 0.5, 0.5])])
+    uu = torch.tensor([0.42, 0.42], dtype=torch.float64)
+    assert _sample_rows(mixed, uu)[0] == _sample_rows(probs[:1], uu[:1])[0]
+
+
+def test_top_p_keeps_each_rows_own_nucleus():
+    from r3rag.rollout.backends.hf import _top_p
+
+    probs = torch.tensor([[0.1, 0.5, 0.15, 0.25], [0.1, 0.5, 0.15, 0.25], [0.25, 0.25, 0.25, 0.25]])  # (3, V)
+    out = _top_p(probs, torch.tensor([0.6, 0.7, 0.3]))  # (3, V)
+    # row 0: 0.5 kept (mass before it 0), 0.25 kept (0.5 < 0.6), 0.15 not (0.75): 0.5/0.75, 0.25/0.75
+    assert torch.allclose(out[0], torch.tensor([0.0, 2 / 3, 0.0, 1 / 3]))
+    # row 1: the same row with 0.7: still two entries (0.75 >= 0.7)
+    assert torch.allclose(out[1], out[0])
+    # row 2: ties, 0.3: the first two in index order (stable sort), renormalised
+    assert torch.allclose(out[2], torch.tensor([0.5, 0.5, 0.0, 0.0]))
+
+
+def test_every_kind_of_row_in_one_batch_equals_each_alone(backend):
+    """The batched picker (one softmax, top-p and draw over all sampling rows) against each request
+    generated alone: greedy, sampled, sampled with top-p, and teacher-forced rows mixed."""
+    reqs, free = mixed_requests(backend, PROMPTS)
+    batch = backend.generate_batch(reqs)
+    alone = [backend.generate_batch([r])[0] for r in reqs]
+    assert [o.token_ids for o in batch] == [o.token_ids for o in alone]
+    for b, a in zip(batch, alone):
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+    assert batch[1].token_ids != batch[2].token_ids  # same seed, other distribution: the rows are not copies
+    assert batch[3].token_ids == free.token_ids and batch[3].logprobs == pytest.approx(free.logprobs, abs=1e-5)
+
+
+def _late_stop(text: str, ending: str) -> str:
+    """Three characters of ``text`` from its 15th on: any three, or the first three that end in a space."""
+    if ending == "space":
+        k = text.index(" ", 14)
+        return text[k - 2:k + 1]
+    return text[14:17]
+
+
+@pytest.mark.parametrize("ending", ["any", "space"])
+def test_stop_checks_only_where_a_token_can_end_a_stop_and_find_the_same_stops(ending, monkeypatch):
+    """A row's tail is decoded only after a token whose text holds a stop string's last
+    character; the outputs equal those of checking after every token."""
+    from r3rag.rollout.backends import hf
+
+    be = HFBackend(tiny_model(), tiny_tokenizer(), max_batch_size=8)
+    frees = be.generate_batch([req(p, max_tokens=24, temperature=1.0, seed=11) for p in PROMPTS])
+    stops = sorted({_late_stop(f.text, ending) for f in frees})
+    reqs = [req(p, max_tokens=24, temperature=1.0, seed=11, stop=stops) for p in PROMPTS]
+    decodes = {"n": 0}
+    real_decode = be.tokenizer.decode
+
+    def counting(ids, *a, **kw):
+        decodes["n"] += len(ids) > 1  # a tail, not one token's own text
+        return real_decode(ids, *a, **kw)
+
+    monkeypatch.setattr(be.tokenizer, "decode", counting)
+    gated = be.generate_batch(reqs)
+    gated_tails = decodes["n"]
+    monkeypatch.setattr(hf.HFBackend, "_may_end_stop", lambda self, tok, stops: True)
+    decodes["n"] = 0
+    every = be.generate_batch(reqs)
+    assert [(o.token_ids, o.finish_reason, o.stop_string) for o in gated] == \
+           [(o.token_ids, o.finish_reason, o.stop_string) for o in every]
+    assert any(o.finish_reason == "stop" for o in gated)  # the stops were found: the check compares something
+    assert gated_tails < decodes["n"]  # ... and the gate skipped some tails
+
+
+def test_a_tokenizer_that_does_not_decode_piece_by_piece_checks_every_token():
+    """SentencePiece-style decoding drops a token's leading space when it is decoded alone, so a
+    token's own text cannot tell whether it ends a stop string: every tail is checked."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from r3rag.rollout.backends.hf import _decodes_piecewise
+
+    spm = Tokenizer(models.BPE(unk_token="<unk>"))
+    spm.pre_tokenizer, spm.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    spm.train_from_iterator(["Step 1: the query is here\nStep 2: more words"] * 20,
+                            trainer=trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"], show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=spm, unk_token="<unk>")
+    assert _decodes_piecewise(tiny_tokenizer()) and not _decodes_piecewise(fast)
+    be = HFBackend(tiny_model(), tiny_tokenizer())
+    be.tokenizer = fast
+    assert all(be._may_end_stop(i, ["Step 1"]) for i in range(len(fast)))
+    be = HFBackend(tiny_model(), tiny_tokenizer())
+    letters = [i for i in range(300) if "x" not in be.tokenizer.decode([i])]
+    assert not any(be._may_end_stop(i, ["ax"]) for i in letters)
+    assert all(be._may_end_stop(i, ["é"]) for i in letters)  # a non-ASCII end: always checked

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from rollout_helpers import tiny_model, tiny_tokenizer
+from rollout_helpers import mixed_requests, tiny_model, tiny_tokenizer
 
 from r3rag.rollout.backends.base import GenerationRequest, SamplingParams
 from r3rag.rollout.backends.hf import HFBackend
@@ -51,3 +51,17 @@ def test_cuda_bfloat16_generates_with_logprobs():
     for o in outs:
         assert o.token_ids and len(o.logprobs) == len(o.token_ids)
         assert all(math.isfinite(lp) and lp <= 0.0 for lp in o.logprobs)
+
+
+def test_cuda_mixed_batch_equals_each_request_alone():
+    """The batched token choice on the GPU (one softmax, top-p and draw for all sampling rows):
+    greedy, sampled, top-p and teacher-forced rows in one batch give what each gives alone."""
+    gpu = HFBackend(tiny_model().to("cuda"), tiny_tokenizer(), max_batch_size=8)
+    reqs, free = mixed_requests(gpu, PROMPTS)
+    batch = gpu.generate_batch(reqs)
+    alone = [gpu.generate_batch([r])[0] for r in reqs]
+    assert all(o.finish_reason != "error" for o in batch), [o.error for o in batch]
+    assert [o.token_ids for o in batch] == [o.token_ids for o in alone]
+    assert batch[3].token_ids == free.token_ids
+    for b, a in zip(batch, alone):
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)

@@ -179,3 +179,27 @@ def test_bf16_steps_draw_among_all_weights_and_refuse_a_count_too_large(tmp_path
     assert main(["bf16-steps", str(start), "--count", str(total + 1), "--out", str(tmp_path / "x")]) == 2
     assert f"between 1 and the {total:,} candidate weights" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_write_like_keeps_the_model_files_and_leaves_the_trainer_state(tmp_path, start):
+    # a trainer's output folder: the model, plus the trainer's state, logs and a checkpoint folder
+    trained = tmp_path / "trained"
+    shutil.copytree(start, trained)
+    for name in ("trainer_state.json", "training_args.bin", "all_results.json", "trainer_log.jsonl", "pipeline.log"):
+        (trained / name).write_text("{}")
+    (trained / "checkpoint-25").mkdir()
+    (trained / "checkpoint-25" / "optimizer.pt").write_text("x")
+    (trained / "chat_template.jinja").write_text("{{ messages }}")
+    w = load_weights(trained)
+    out = write_like(trained, {k: v + 1.0 for k, v in w.items()}, tmp_path / "copy")
+    names = {p.name for p in out.iterdir()}
+    assert "config.json" in names and "tokenizer_config.json" in names and "chat_template.jinja" in names
+    assert names.isdisjoint({"trainer_state.json", "training_args.bin", "all_results.json", "trainer_log.jsonl",
+                             "pipeline.log", "checkpoint-25"})
+    assert names - {"model.safetensors"} == {p.name for p in start.iterdir() if p.suffix != ".safetensors"} | {"chat_template.jinja"}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out)
+    name = next(k for k in w if "q_proj" in k)
+    assert torch.equal(dict(model.named_parameters())[name].detach(), w[name] + 1.0)

@@ -50,6 +50,9 @@ import torch
 from r3rag.errors import DataError
 
 WEIGHTS = "*.safetensors"
+# what a model folder needs besides its weights (config, tokenizer, chat template), by name
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+               "vocab.json", "vocab.txt", "merges.txt", "*.model", "chat_template.*")
 
 
 def load_weights(folder: str | Path) -> dict[str, torch.Tensor]:
@@ -132,8 +135,16 @@ def random_sign_update(start: dict[str, torch.Tensor], trained: dict[str, torch.
     return out
 
 
+def model_files(folder: Path) -> list[Path]:
+    """The files of HF model folder ``folder`` that describe the model, other than its weights:
+    its config, generation config, tokenizer and chat template (``MODEL_FILES``). A trainer's
+    output folder also holds its state, logs and checkpoints; those are not the model's."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and any(p.match(pat) for pat in MODEL_FILES))
+
+
 def write_like(folder: str | Path, weights: dict[str, torch.Tensor], out: str | Path) -> Path:
-    """A copy of the HF folder ``folder`` (config, tokenizer, ...) whose weights are ``weights`` (one file)."""
+    """A model folder with ``folder``'s config, tokenizer and chat template (``model_files``) and
+    ``weights`` (one file)."""
     from safetensors.torch import save_file
 
     src, dst = Path(folder), Path(out)
@@ -141,7 +152,9 @@ def write_like(folder: str | Path, weights: dict[str, torch.Tensor], out: str | 
         raise DataError(f"{dst} exists: choose a new --out")
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(WEIGHTS, "*.safetensors.index.json"))
+    tmp.mkdir(parents=True)
+    for f in model_files(src):
+        shutil.copy2(f, tmp / f.name)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     tmp.rename(dst)
     return dst
