@@ -261,7 +261,6 @@ class HFBackend(PolicyBackend):
             for b in range(B)
         ]
 
-
     def _pick(self, logits: Any, rows: list[int], reqs: list[GenerationRequest], toks: list[list[int]],
               gens: list[Any], finish: list[str | None]) -> tuple[list[int], list[float]]:
         """The next token of every batch row and its log-prob, for all rows at once: greedy rows
