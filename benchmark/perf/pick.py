@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 from r3rag.rollout.backends.hf import HFBackend  # noqa: E402
+from r3rag.rollout.formats.r3rag_steps import R3RagStepsFormat  # noqa: E402
 
-STOPS = ["\n<documents>", "\nStep "]  # the r3rag_steps format's stop strings (chat mode)
+STOPS = list(R3RagStepsFormat.chat_stop)  # the step format's stop strings (chat mode)
 
 
 class PerRow(HFBackend):
