@@ -1,4 +1,4 @@
-"""The demo page (issue 7): a question in, the trajectory streamed out step by step.
+"""The demo page: a question in, the trajectory streamed out step by step.
 
 - :mod:`r3rag.demo.config`    ``DemoConfig`` (``configs/demo.yaml``)
 - :mod:`r3rag.demo.policies`  policies by name: ``hf``, ``openai``, ``oracle``

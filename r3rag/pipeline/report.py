@@ -33,7 +33,8 @@ from r3rag.machine import BF16_MARK
 from r3rag.pipeline.by_type import by_type_lines
 from r3rag.pipeline.checks import claim
 from r3rag.pipeline.runner import Context
-from r3rag.pipeline.state import PipelineState, atomic_write_json
+from r3rag.fileio import atomic_write_json
+from r3rag.pipeline.state import PipelineState
 
 COLUMN_LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM", "retrievals": "retrievals/q", "format_error": "format errors %"}
 #: said under an RL claim: its interval covers the questions, not the training run

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from r3rag.fileio import atomic_write_json
+
 DONE_DIR = ".done"
 
 
@@ -28,26 +30,6 @@ def fingerprint(settings: Any, upstream: list[str] | tuple[str, ...] = ()) -> st
     """A short stable hash of JSON-able ``settings`` and the upstream stages' fingerprints."""
     blob = json.dumps({"settings": settings, "upstream": list(upstream)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` so that a reader sees the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:  # the rename itself survives a power cut only once the folder is synced
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 class PipelineState:

@@ -83,7 +83,7 @@ def time_budget_callback(seconds: float, fit_schedule: bool = False, probe_steps
 
     from transformers import TrainerCallback
 
-    from r3rag.pipeline.state import atomic_write_json
+    from r3rag.fileio import atomic_write_json
 
     now = clock or time.monotonic
 
