@@ -1,8 +1,10 @@
-"""Issue 11 item 6: every command the README shows runs as written on a fresh clone.
+"""Every command the README shows in a ``bash`` block runs as written on a fresh clone, on a CPU.
 
 The commands are read from README.md's ``bash`` blocks (continuation lines joined, comments cut,
 ``&&`` split), so a command added to the README is checked without editing this test; a program
-this test does not know how to run fails it until it is classified here.
+this test does not know how to run fails it until it is classified here. Commands that need GPUs,
+a cluster or a Wikipedia index are shown in ``sh`` blocks instead; they are not run here, and
+tests/test_doc_links.py checks that every file they name exists.
 
 What runs, in a temporary folder (so every ``runs/...`` path lands there):
 
@@ -12,7 +14,7 @@ What runs, in a temporary folder (so every ``runs/...`` path lands there):
 - for real, in README order: ``data/build_world.py``, ``tool/build_index.py``,
   ``tool/retrieval_server.py`` (with ``--port`` of a free port added: 8000 may be taken on a
   shared machine; stopped at the end), ``benchmark/evaluate.py run`` (its URL pointed at that
-  port, ``--limit 2`` added: SmolLM2 over 500 HotpotQA questions is hours on a CPU),
+  port, ``--limit 2`` added: SmolLM2 over the world's dev questions is many minutes on a CPU),
   ``benchmark/evaluate.py score`` (``preds.jsonl`` = the predictions the run just wrote);
 - the quickstart's ``--help``; its ``--limit 0`` after a limited run is checked where the
   evaluation folder decides it (a larger limit extends a run: ``benchmark/evaluate.py run`` with
