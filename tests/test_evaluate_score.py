@@ -72,7 +72,7 @@ def test_field_detection_and_bad_rows(tmp_path):
         score_file(p)
 
 
-# R1-Searcher's published table (ACC_R / ACC_L, notes/ANCHORS.md) and the prediction files they
+# R1-Searcher's published table (ACC_R / ACC_L, R1-Searcher's paper and README) and the prediction files they
 # released (data/eval_results/*.jsonl in their repository, MIT). They are not shipped in this
 # repository; they lie in the shared data folder beside the clone (../shared/data/r1searcher/
 # eval_results, see its README), which CI has. R3RAG_PUBLISHED_EVAL_RESULTS points elsewhere; when

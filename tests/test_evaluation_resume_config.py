@@ -1,4 +1,4 @@
-"""Issue 11 item 6: an evaluation folder resumes only a run with the same settings.
+"""An evaluation folder resumes only a run with the same settings.
 
 The oracle (no model) on the embedded world keeps these fast: a changed ``--set rollout.*`` is
 refused with one line naming it, a larger ``dataset.limit`` extends a run (the quickstart's

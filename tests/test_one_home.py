@@ -1,4 +1,4 @@
-"""Issue 11 item 8: one home for each rule.
+"""One home for each rule, so that a rule changed in one place holds everywhere.
 
 - one tokenizer loader (``r3rag.rollout.backends.hf_loading.load_tokenizer``), which sets the pad token;
 - one end-of-turn rule (``strip_end``) for the rollout parsers and the reward checkers;

@@ -1,6 +1,6 @@
 """A flood on loopback: 64 concurrent retrying clients against a service whose queue bound is 32.
 
-What must hold (issue 11): only 200s and 503s (no other 5xx, no transport errors), ``/health``
+What must hold under overload: only 200s and 503s (no other 5xx, no transport errors), ``/health``
 answers within 1 s throughout, and every request a retrying client made eventually succeeds.
 
 It is deterministic where it counts: the stand-in searcher's first call blocks until the service

@@ -1,4 +1,4 @@
-"""Issue 11 item 7: the transformers the code needs is the one declared, and the oldest one a
+"""The transformers the code needs is the one declared, and the oldest one a
 trainer environment pins runs the HF backend.
 
 The floor was measured (2026-11-30, AMD EPYC, 2 cores): the HF backend, shared-prefix and prefill

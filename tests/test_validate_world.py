@@ -1,4 +1,4 @@
-"""Issue 11 item 6: ``data/validate.py WORLD/*.jsonl`` accepts every file a world build writes."""
+"""``data/validate.py WORLD/*.jsonl`` accepts every file a world build writes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evaluation throughput: the batched engine against batch size 1, same questions (issue 6).
+"""Evaluation throughput: the batched engine against batch size 1, same questions.
 
 Runs ``benchmark/evaluate.py run`` in-process twice on the same world dev questions with the same
 model, once with ``run.batch_size = model.max_batch_size = 1`` (the baseline: one question at a

@@ -1,4 +1,4 @@
-"""Reward throughput and judge concurrency (issue 5).
+"""Reward throughput and judge concurrency.
 
 1. Rule-based recipes (r3rag with gold relevance, r1searcher_stage1, r1searcher_stage2) score N
    synthetic trajectories (mixed: correct, wrong, no answer, format errors, 0-4 retrievals);

@@ -46,7 +46,7 @@ RL_RUN_NOTE = ("These intervals resample the held-out questions, not the trainin
                "weights one bf16 step away, its float32 view, random-sign copies of RL updates) cost it about 3 EM, so "
                "compare RL with such a null control too (`... --control NULL1 NULL2 ...`, docs/rl.md). Fifteen more "
                "minutes of supervised training on the teacher's chains did no better than RL there (-2.8 EM).")
-#: the issue's goals, in EM points (stated beside the measured claim)
+#: the goals the quickstart was built to show, in EM points (stated beside the measured claim)
 GOALS = {"sft_vs_base": 20.0, "rl_vs_sft": 5.0}
 
 
