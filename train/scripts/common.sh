@@ -22,6 +22,14 @@
 #   R3RAG_AGENT_SET_EXTRA  more plugin overrides (r3rag.train.openrlhf.config, ';'-separated),
 #                     appended to the recipe's own
 #   R3RAG_DRY_RUN=1   print the environment and the flags (one per line) and exit: nothing starts
+#
+# Usage: source it from a launch script, which then calls r3rag_args "$@" (its --help: the
+#        script's header; any other argument: an error, since every setting is a variable above).
+# Example, the first lines of a launch script:
+#   set -euo pipefail
+#   source common.sh    # as "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+#   r3rag_args "$@"
+# and a recipe's flags without starting it: R3RAG_DRY_RUN=1 bash train/scripts/r3rag_ppo.sh
 
 set -euo pipefail
 R3RAG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -36,6 +44,28 @@ R3RAG_DRY_RUN="${R3RAG_DRY_RUN:-0}"
 AGENT_FILE="$R3RAG_ROOT/r3rag/train/openrlhf/agent.py"
 
 r3rag_die() { echo "$(basename "$0"): error: $*" >&2; exit 2; }
+
+# A script's header comment (what it does, its usage and an example), for --help.
+r3rag_header() { awk 'NR == 1 && /^#!/ {next} /^# shellcheck/ {next} /^#/ {sub(/^# ?/, ""); print; next} {exit}' "$1"; }
+
+# A launch script's arguments: --help / -h prints its header (a wrapper's first, R3RAG_WRAPPER)
+# and exits 0; any other argument is an error (the settings are environment variables).
+r3rag_args() {
+  local a
+  for a in "$@"; do
+    case "$a" in
+      -h|--help)
+        if [ -n "${R3RAG_WRAPPER:-}" ]; then r3rag_header "$R3RAG_WRAPPER"; echo; echo "It runs $(basename "$0"):"; echo; fi
+        r3rag_header "$0"; exit 0 ;;
+    esac
+  done
+  [ $# -eq 0 ] || r3rag_die "unknown argument '$1': every setting is an environment variable (see --help)"
+}
+
+# A program the run needs: say which and how to get it, before anything starts.
+r3rag_need() {  # COMMAND WHAT-TO-DO
+  command -v "$1" >/dev/null 2>&1 || [ -x "$1" ] || r3rag_die "$1 not found: $2"
+}
 
 # An existing path made absolute (Ray workers run elsewhere); anything else (a hub name) unchanged.
 r3rag_abspath() {
@@ -68,6 +98,7 @@ r3rag_inputs() {
   [ -n "${DATASET:-}" ] || r3rag_die "set DATASET to the training questions JSONL"
   [ -f "$DATASET" ] || r3rag_die "DATASET=$DATASET: file not found"
   [ -x "$OPENRLHF_PYTHON" ] || r3rag_die "$OPENRLHF_PYTHON not found: run bash train/envs/openrlhf.sh"
+  r3rag_need "$CORE_PYTHON" "r3rag's environment (.venv) or CORE_PYTHON=/path/to/python"
   mkdir -p "$SAVE_DIR"
   SAVE_DIR="$(r3rag_abspath "$SAVE_DIR")"; POLICY="$(r3rag_abspath "$POLICY")"; DATASET="$(r3rag_abspath "$DATASET")"
   [ -z "${INDEX:-}" ] || INDEX="$(r3rag_abspath "$INDEX")"
@@ -95,6 +126,7 @@ r3rag_replica() {
   local host url
   host="$(r3rag_default_host)"
   url="http://$host:$RETRIEVER_PORT"; [ "$host" = 0.0.0.0 ] && url="http://127.0.0.1:$RETRIEVER_PORT"
+  r3rag_need curl "install curl (the replica's health check uses it)"
   if curl -sf -m 5 "$url/health" >/dev/null 2>&1; then echo "retrieval replica already up: $url"; return; fi
   [ -n "${INDEX:-}" ] || r3rag_die "set INDEX to the retrieval index folder (or R3RAG_RETRIEVER_URLS to running replicas)"
   PYTHON="$CORE_PYTHON" bash "$R3RAG_ROOT/startup/server.sh" --run-dir "${SAVE_DIR:-runs/openrlhf}/retrieval-$(hostname -s)" \
@@ -153,3 +185,11 @@ r3rag_common_args() {
     --logger.tensorboard_dir "$SAVE_DIR/tensorboard"
   )
 }
+
+# Run rather than sourced: --help says what this file is; anything else is a mistake.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-}" in
+    -h|--help) r3rag_header "$0"; exit 0 ;;
+    *) r3rag_die "this file is sourced by the launch scripts in train/scripts, not run (see --help)" ;;
+  esac
+fi
