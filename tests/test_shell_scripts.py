@@ -124,3 +124,17 @@ def test_an_env_builder_needs_its_python(tmp_path):
     proc = run("train/envs/llamafactory.sh", env=safe_env(tmp_path))
     assert proc.returncode == 2 and "not found (set PYTHON=" in proc.stderr
     assert not (tmp_path / "lf").exists()
+
+
+def test_the_cluster_precision_is_an_explicit_choice_openrlhf_has(tmp_path):
+    """OpenRLHF's DeepSpeed parameter dtype: bf16 by default, fp16 for GPUs without native bf16,
+    and fp32, which OpenRLHF does not have, refused before anything starts."""
+    def flags(**env: str) -> subprocess.CompletedProcess:
+        return run("train/scripts/r3rag_ppo.sh", env=safe_env(tmp_path, **env))
+
+    out = flags().stdout.splitlines()
+    assert out[out.index("ARG --ds.param_dtype") + 1] == "ARG bf16"
+    out = flags(PRECISION="fp16").stdout.splitlines()
+    assert out[out.index("ARG --ds.param_dtype") + 1] == "ARG fp16"
+    bad = flags(PRECISION="fp32")
+    assert bad.returncode == 2 and "PRECISION must be bf16 or fp16" in bad.stderr

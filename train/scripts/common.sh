@@ -18,6 +18,8 @@
 #   SAVE_DIR          where checkpoints, logs and the prompts file go (default: runs/openrlhf/<recipe>)
 #   OPENRLHF_PYTHON   OpenRLHF's interpreter (default: .venvs/openrlhf/bin/python, train/envs/openrlhf.sh)
 #   CORE_PYTHON       r3rag's interpreter for the retrieval service (default: .venv/bin/python)
+#   PRECISION=bf16    DeepSpeed's parameter dtype: bf16 (A100/H100 and newer: native bf16) or fp16
+#                     (V100, T4: no native bf16; DeepSpeed scales the loss). OpenRLHF has no fp32.
 #   EXTRA_ARGS        more train_ppo_ray flags, appended last (they win)
 #   R3RAG_AGENT_SET_EXTRA  more plugin overrides (r3rag.train.openrlhf.config, ';'-separated),
 #                     appended to the recipe's own
@@ -41,6 +43,7 @@ VLLM_TP="${VLLM_TP:-1}"
 RETRIEVER_PORT="${RETRIEVER_PORT:-8100}"
 RAY_PORT="${RAY_PORT:-6379}"
 R3RAG_DRY_RUN="${R3RAG_DRY_RUN:-0}"
+PRECISION="${PRECISION:-bf16}"
 AGENT_FILE="$R3RAG_ROOT/r3rag/train/openrlhf/agent.py"
 
 r3rag_die() { echo "$(basename "$0"): error: $*" >&2; exit 2; }
@@ -77,6 +80,7 @@ r3rag_check_numbers() {
   for v in NNODES GPUS_PER_NODE VLLM_TP RETRIEVER_PORT RAY_PORT; do
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || r3rag_die "$v must be a positive integer (got '${!v}')"
   done
+  case "$PRECISION" in bf16|fp16) ;; *) r3rag_die "PRECISION must be bf16 or fp16 (got '$PRECISION'; OpenRLHF has no fp32)" ;; esac
   (( NNODES * GPUS_PER_NODE % VLLM_TP == 0 )) || r3rag_die "NNODES*GPUS_PER_NODE must be a multiple of VLLM_TP"
   VLLM_ENGINES=$(( NNODES * GPUS_PER_NODE / VLLM_TP ))
 }
@@ -168,7 +172,7 @@ r3rag_run() {
 }
 
 # Flags every recipe shares: the cluster layout (all models and the vLLM engines colocated on
-# every GPU, sleeping in turn), ZeRO-3, bf16, our agent plugin and the prompts file.
+# every GPU, sleeping in turn), ZeRO-3, PRECISION (bf16), our agent plugin and the prompts file.
 r3rag_common_args() {
   ARGS=(
     --actor.model_name_or_path "$POLICY"
@@ -177,7 +181,7 @@ r3rag_common_args() {
     --vllm.num_engines "$VLLM_ENGINES" --vllm.tensor_parallel_size "$VLLM_TP"
     --vllm.gpu_memory_utilization 0.5 --vllm.enable_sleep --vllm.enable_prefix_caching
     --train.colocate_all --ds.enable_sleep
-    --ds.zero_stage 3 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
+    --ds.zero_stage 3 --ds.param_dtype "$PRECISION" --actor.gradient_checkpointing_enable
     --train.agent_func_path "$AGENT_FILE"
     --data.prompt_dataset "$PROMPTS" --data.input_key question --data.label_key label
     --ckpt.output_dir "$SAVE_DIR/model" --ckpt.path "$SAVE_DIR/checkpoints"
