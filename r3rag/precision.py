@@ -11,7 +11,7 @@ measured facts about the machine, never from a guess:
 machine                                           ``auto``   why
 ================================================  =========  ========================================
 CPU with ``amx_bf16`` (AMX tiles)                 bf16       native bf16 matrix tiles
-CPU with ``avx512_bf16``                          bf16       bf16 matmul 2.2-2.8x faster than fp32
+CPU with ``avx512_bf16``                          bf16       bf16 2.1-2.8x faster than fp32
 CPU with AVX-512, no ``avx512_bf16``              fp32       bf16 emulated: a matmul ~6x slower
 CPU with AVX2 only (or less)                      fp32       bf16 emulated: 7-13x slower
 CUDA GPU with native bf16 (compute cap. >= 8.0)   bf16       tensor cores, fp32 range
@@ -59,7 +59,7 @@ RECORD = "precision.json"
 #: why ``auto`` picks what it picks on each CPU class (ratios: docs/results/precision.md)
 CPU_REASONS = {
     "amx": ("bf16", "the CPU has amx_bf16 (AMX tiles): native bf16 matrix arithmetic"),
-    "avx512_bf16": ("bf16", "the CPU has avx512_bf16: a bf16 matmul measured 2.2-2.8x faster than fp32"),
+    "avx512_bf16": ("bf16", "the CPU has avx512_bf16: bf16 measured 2.1-2.8x faster than fp32 (a matmul, an RL step)"),
     "avx512": ("fp32", "AVX-512 without avx512_bf16 / amx_bf16: bf16 is emulated there, a matmul about 6x slower than fp32"),
     "avx2": ("fp32", "AVX2 without avx512_bf16 / amx_bf16: bf16 is emulated there, 7-13x slower than fp32"),
     "other": ("fp32", "no native bf16 in the CPU flags (avx512_bf16 / amx_bf16)"),
