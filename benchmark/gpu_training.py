@@ -102,8 +102,13 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int, 
                                              ignore_index=-100)
 
 
-def sft(work: Path, base: str, device: str, steps: int, batch: int, lr: float, seed: int) -> dict[str, Any]:
-    """Full fine-tuning on the cold-start chains: ``steps`` optimizer steps of ``batch`` chains."""
+def sft(work: Path, base: str, device: str, steps: int, batch: int, lr: float, seed: int,
+        precision: str = "auto") -> dict[str, Any]:
+    """Full fine-tuning on the cold-start chains: ``steps`` optimizer steps of ``batch`` chains, the
+    forward pass under autocast in the precision the one rule picks (:mod:`r3rag.precision`; weights
+    and optimizer state stay float32)."""
+    from r3rag.precision import choose_precision
+
     import torch
     from transformers import AutoModelForCausalLM, get_cosine_schedule_with_warmup
 
@@ -114,6 +119,8 @@ def sft(work: Path, base: str, device: str, steps: int, batch: int, lr: float, s
     done = out / "gpu_sft_done.json"
     if done.is_file():
         return json.loads(done.read_text())
+    chosen = choose_precision(precision, device)
+    chosen.write(out, "sft (plain PyTorch)")
     folder = ensure_hf_folder(base, cache=work / "models")
     tok = load_tokenizer(str(folder))
     examples = sft_examples(work / "coldstart", tok)
@@ -125,11 +132,11 @@ def sft(work: Path, base: str, device: str, steps: int, batch: int, lr: float, s
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = get_cosine_schedule_with_warmup(opt, math.ceil(0.1 * steps), steps)
-    use_bf16 = device.startswith("cuda")
+    use_autocast = chosen.name != "fp32"
     losses, t0, tokens = [], time.perf_counter(), 0
     for s in range(steps):
         chunk = examples[s * batch:(s + 1) * batch]
-        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=use_bf16):
+        with torch.autocast(device_type=device.split(":")[0], dtype=chosen.dtype, enabled=use_autocast):
             loss = sft_loss(model, chunk, tok.pad_token_id if tok.pad_token_id is not None else 0, device)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -143,7 +150,7 @@ def sft(work: Path, base: str, device: str, steps: int, batch: int, lr: float, s
     tok.save_pretrained(out)
     summary = {"chains": len(examples), "steps": steps, "loss_first": losses[0], "loss_last": losses[-1],
                "loss_last10_mean": round(sum(losses[-10:]) / len(losses[-10:]), 4), "seconds": round(seconds, 1),
-               "tokens_per_s": round(tokens / seconds, 1), "losses": losses}
+               "tokens_per_s": round(tokens / seconds, 1), "precision": chosen.name, "losses": losses}
     done.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -163,7 +170,7 @@ def rl(work: Path, world: Path, index: Path, args: argparse.Namespace) -> Path:
         f"algo.train_batch_size={args.train_batch}", f"algo.micro_batch_tokens={args.micro_batch_tokens}",
         f"train.max_minutes={args.rl_minutes}", f"train.iterations={args.rl_iterations}",
         "train.eval_at_start=true", "train.eval_at_end=true", "train.eval_every=0", "train.progress=false",
-        *args.set,
+        f"model.compute_dtype={args.precision}", *args.set,
     ]
     return run_schedule(ROOT / "configs/rl/world_sft_grpo.yaml", overrides, work / "rl")
 
@@ -218,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rl-minutes", type=float, default=4.0, help="RL training budget in minutes (default: %(default)s)")
     p.add_argument("--rl-iterations", type=int, default=1000, help="RL iteration cap (default: %(default)s)")
     p.add_argument("--eval-limit", type=int, default=300, help="held-out dev questions (default: %(default)s)")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="SFT and RL precision: auto (r3rag.precision: bf16 where native) | fp32 | bf16 (default: %(default)s)")
     p.add_argument("--threads", type=int, default=8, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override of the RL config (repeatable)")
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         cs = stage("coldstart", lambda: cold_start(work, world, index, args.model, args.coldstart_limit))
         summary["coldstart"] = {k: cs.get(k) for k in ("tried", "kept", "attempts_total", "elapsed_s")}
         summary["sft"] = stage("sft", lambda: sft(work, args.model, args.device, args.sft_steps, args.sft_batch,
-                                                 args.sft_lr, args.seed))
+                                                 args.sft_lr, args.seed, args.precision))
         stage("rl", lambda: rl(work, world, index, args))
         summary["rl"] = rl_summary(work / "rl", args.bootstrap)
     finally:

@@ -1,41 +1,65 @@
-"""What machine a figure was measured on, and whether bf16 pays on it.
+"""What machine a figure was measured on, and what its CPU can do in bf16.
 
-Every benchmark and the quickstart's report name the CPU beside their numbers; the ``auto`` dtypes
-of evaluation and RL pick bfloat16 only where :func:`native_bf16` says the CPU has bf16 arithmetic
-(on AVX2-only CPUs bf16 measured 7-13x slower than float32, docs/rl.md).
+Every benchmark and the quickstart's report name the CPU beside their numbers. Whether bfloat16
+pays on a CPU is read from its flags (``/proc/cpuinfo``, through :func:`read_cpuinfo`, the one
+place that reads it): ``avx512_bf16`` (AVX-512 BF16 dot products) or ``amx_bf16`` (AMX tiles) mean
+native bf16 arithmetic. :mod:`r3rag.precision` turns these facts into the precision of every
+stage.
 
 >>> isinstance(cpu_name(), str) and cpu_name() != ""
 True
 >>> isinstance(native_bf16(), bool)
 True
+>>> cpu_class(frozenset({"avx2", "avx512f"})), cpu_class(frozenset({"avx2", "avx512f", "avx512_bf16"}))
+('avx512', 'avx512_bf16')
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-
+CPUINFO = "/proc/cpuinfo"
 #: CPU flags of native bf16 arithmetic (AVX-512 BF16 dot products, AMX tiles)
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 #: what :func:`cpu_name` appends for such a CPU (the report reads it back from stage markers)
 BF16_MARK = " (avx512_bf16)"
 
 
-def native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
-    """Whether the CPU's flags include native bf16 arithmetic (``False`` where they cannot be read)."""
+def read_cpuinfo(cpuinfo: str | Path = CPUINFO) -> str:
+    """The text of ``/proc/cpuinfo`` (or of ``cpuinfo``); empty where it cannot be read."""
     try:
-        flags = set(Path(cpuinfo).read_text().split())
+        return Path(cpuinfo).read_text()
     except OSError:
-        return False
-    return bool(flags & NATIVE_BF16_FLAGS)
+        return ""
 
 
-def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+def cpu_flags(cpuinfo: str | Path = CPUINFO) -> frozenset[str]:
+    """The CPU's flags (every word of the file: flag names do not collide with other fields)."""
+    return frozenset(read_cpuinfo(cpuinfo).split())
+
+
+def native_bf16(cpuinfo: str | Path = CPUINFO) -> bool:
+    """Whether the CPU's flags include native bf16 arithmetic (``False`` where they cannot be read)."""
+    return bool(cpu_flags(cpuinfo) & NATIVE_BF16_FLAGS)
+
+
+def cpu_class(flags: frozenset[str]) -> str:
+    """``amx`` (amx_bf16), ``avx512_bf16``, ``avx512`` (AVX-512 without bf16 arithmetic),
+    ``avx2``, or ``other``: the classes whose bf16-versus-fp32 speed differs (docs/results/precision.md)."""
+    if "amx_bf16" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags:
+        return "avx2"
+    return "other"
+
+
+def cpu_name(cpuinfo: str | Path = CPUINFO) -> str:
     """The CPU's model name, with :data:`BF16_MARK` when it has native bf16 arithmetic (which decides
     whether bf16 pays on it); ``unknown`` where the file cannot be read."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return "unknown"
+    text = read_cpuinfo(cpuinfo)
     name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
     return name + (BF16_MARK if set(text.split()) & NATIVE_BF16_FLAGS else "")

@@ -114,19 +114,22 @@ def _echo(line: str) -> None:
     print(line, flush=True)  # in order with the stage programs' output, also through a pipe
 
 
-def machine_note(budget_min: float | None, cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The start-up line naming the CPU; on one without native bf16 it says, before an hour is spent,
-    that every stage runs in float32 there and the preset's time budget was measured with bf16.
+def machine_note(budget_min: float | None, cpuinfo: str | Path = "/proc/cpuinfo", precision: str = "auto") -> str:
+    """The start-up line naming the CPU and the precision every stage runs in, with the reason
+    (:func:`r3rag.precision.choose_precision`, the rule each stage applies itself); where that is
+    float32 it says, before an hour is spent, that the preset's time budget was measured with bf16.
 
     >>> machine_note(None, cpuinfo="/nonexistent").startswith("machine: unknown")
     True
     """
-    from r3rag.machine import cpu_name, native_bf16
+    from r3rag.machine import cpu_name
+    from r3rag.precision import choose_precision
 
-    line = f"machine: {cpu_name(cpuinfo)}, {os.cpu_count()} cores"
-    if native_bf16(cpuinfo):
+    p = choose_precision(precision, "cpu", cpuinfo=cpuinfo)
+    line = f"machine: {cpu_name(cpuinfo)}, {os.cpu_count()} cores; precision {p.name} (asked {p.requested}): {p.reason}"
+    if p.name == "bf16":
         return line
-    line += "; no native bf16 (avx512_bf16 / amx_bf16): every stage runs in float32"
+    line += "; every stage runs in float32"
     if budget_min is not None:
         line += (f", about 3x slower than on the CPUs the {budget_min:g}-minute budget was measured on "
                  "(docs/quickstart.md, \"On an AVX2-only CPU\")")
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(cfg.model.threads)
     ctx = Context(cfg=cfg, work=Path(cfg.work), repo_root=_REPO_ROOT, echo=_echo)
     print(f"r3rag quickstart: preset {cfg.preset}, work {cfg.work}, stages {', '.join(wanted)}", flush=True)
-    print(machine_note(cfg.report.budget_min), flush=True)
+    print(machine_note(cfg.report.budget_min, precision=cfg.model.precision), flush=True)
     try:
         run_pipeline(ctx, build_stages(cfg), wanted, redo=redo)
     except StageUnusable as err:

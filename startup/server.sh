@@ -40,6 +40,11 @@ options:
 
 Environment: PYTHON (interpreter; default .venv/bin/python if present, else python3),
 VLLM (the vllm command; default: vllm).
+
+example:
+  bash startup/server.sh                                   # the world's BM25 service on 127.0.0.1:8100
+  bash startup/server.sh --index /idx/wiki18-e5 --vllm-model /ckpt/r3rag-sft --vllm-args "--gpu-memory-utilization 0.5"
+  bash startup/server.sh --stop
 EOF
 }
 

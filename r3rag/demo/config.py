@@ -35,7 +35,8 @@ class PolicySection(Section):
     backend: str = Field("hf", description="policy name: hf | openai | oracle (see r3rag.demo.policies)")
     model: str = Field("smollm2", description="hf: folder, hub name, .gguf file or 'smollm2'; openai: served model name")
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = Field("auto", description="auto (bfloat16 on a GPU with native bf16 or a CPU with avx512_bf16 / amx_bf16, "
+                       "else float32: r3rag.precision) | float32 | bfloat16 | float16")
     base_url: str | None = Field(
         None, description="openai: the server's URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)"
     )

@@ -10,6 +10,7 @@ policy reports its health in one line for the settings panel.
 from __future__ import annotations
 
 import os
+import sys
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
@@ -114,8 +115,12 @@ def load_tokenizer(spec: str) -> Any:
 
 
 def _hf_policy(cfg: PolicySection, questions: list[Question]) -> Policy:
-    backend = get_backend("hf", model=cfg.model, dtype=cfg.dtype, device=cfg.device)
-    return BackendPolicy(backend, f"hf in-process: {cfg.model} ({cfg.dtype}, {cfg.device})")
+    from r3rag.precision import choose_precision
+
+    precision = choose_precision(cfg.dtype, cfg.device)  # the one rule; auto: bf16 only where it is native
+    print(precision.line("demo"), file=sys.stderr, flush=True)
+    backend = get_backend("hf", model=cfg.model, dtype=precision.torch_name, device=cfg.device)
+    return BackendPolicy(backend, f"hf in-process: {cfg.model} ({precision.torch_name}, {cfg.device})")
 
 
 def _openai_policy(cfg: PolicySection, questions: list[Question]) -> Policy:

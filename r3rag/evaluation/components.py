@@ -11,11 +11,16 @@ Retrievers, first match wins:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
 from r3rag.errors import ConfigError
 from r3rag.evaluation.config import ModelConfig, RetrieverConfig
 from r3rag.evaluation.datasets import ResolvedDataset
 from r3rag.rollout.backends.base import PolicyBackend
 from r3rag.rollout.retriever import Retriever
+
+if TYPE_CHECKING:
+    from r3rag.precision import Precision
 
 WORLD_INDEX = "index_bm25"
 
@@ -25,6 +30,19 @@ def is_url(text: str) -> bool:
 
 
 _LOADED: dict[str, PolicyBackend] = {}
+
+#: backends whose weights this process (or its vLLM engine) loads, so their precision is ours to pick
+LOCAL_BACKENDS = ("hf", "vllm", "vllm_async")
+
+
+def model_precision(cfg: ModelConfig) -> Precision | None:
+    """The precision a local model runs in, by the one rule (``model.dtype``: auto, float32, bfloat16,
+    float16); None for a model behind a URL or a policy without weights."""
+    if cfg.backend not in LOCAL_BACKENDS or is_url(cfg.path):
+        return None
+    from r3rag.precision import choose_precision
+
+    return choose_precision(cfg.dtype, cfg.device if cfg.backend == "hf" else "auto")  # vLLM: its GPU, else the CPU
 
 
 def load_backend(cfg: ModelConfig) -> PolicyBackend:
@@ -55,10 +73,10 @@ def _load_backend(cfg: ModelConfig) -> PolicyBackend:
 
         return get_backend("openai", base_url=base_url, model=cfg.api_model, tokenizer=load_tokenizer(tok_src))
     if cfg.backend == "hf":
-        return get_backend("hf", model=cfg.path, dtype=cfg.dtype, device=cfg.device, max_batch_size=cfg.max_batch_size,
+        return get_backend("hf", model=cfg.path, dtype=model_precision(cfg).torch_name, device=cfg.device, max_batch_size=cfg.max_batch_size,
                            shared_prefix_tokens=cfg.shared_prefix_tokens, inline=True)  # batch work: generate on the loop's thread (HFBackend.inline)
     if cfg.backend in ("vllm", "vllm_async"):
-        return get_backend(cfg.backend, model=cfg.path, dtype=cfg.dtype, **cfg.engine_kwargs)
+        return get_backend(cfg.backend, model=cfg.path, dtype=model_precision(cfg).torch_name, **cfg.engine_kwargs)
     return get_backend(cfg.backend, model=cfg.path)
 
 

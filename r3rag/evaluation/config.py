@@ -40,7 +40,8 @@ class ModelConfig(Section):
     base_url: str | None = Field(None, description="OpenAI-compatible server URL (backend openai)")
     api_model: str = Field("default", description="model name sent to an OpenAI-compatible server")
     tokenizer: str | None = Field(None, description="tokenizer folder or .gguf for the openai backend (default: path)")
-    dtype: str = "float32"
+    dtype: str = Field("float32", description="auto (r3rag.precision: bfloat16 where native, on a GPU with bf16 or a CPU "
+                       "with avx512_bf16 / amx_bf16, else float32) | float32 | bfloat16 | float16")
     device: str = "cpu"
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass in the HF backend")
     shared_prefix_tokens: int = Field(

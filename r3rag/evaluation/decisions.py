@@ -294,8 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--predictions", required=True, help="predictions.jsonl of benchmark/evaluate.py (r3rag_steps format)")
     ap.add_argument("--limit", type=int, default=200, help="first N predictions (default 200; about 3 s each in float32 on 2 AVX2 cores)")
     ap.add_argument("--out", help="write decisions.json and decisions.md into this folder")
-    ap.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
-                    help="float32 (default) everywhere; bfloat16 only pays on CPUs with native bf16 (avx512_bf16 / amx_bf16)")
+    ap.add_argument("--dtype", default="float32", choices=["auto", "bfloat16", "float32"],
+                    help="float32 (default) everywhere; bfloat16 only pays on CPUs with native bf16 (avx512_bf16 / amx_bf16); "
+                    "auto: the one precision rule (r3rag.precision) picks")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     a = ap.parse_args(argv)
     pred = Path(a.predictions)
@@ -319,7 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     tok = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype)).eval()
+    from r3rag.precision import choose_precision
+
+    precision = choose_precision(a.dtype, "cpu")
+    print(precision.line("decisions"), file=sys.stderr, flush=True)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=precision.dtype).eval()
     rows = [json.loads(line) for line in pred.open() if line.strip()]
     summary = probe(model, tok, rows, limit=a.limit, progress=True)
     text = render(summary)

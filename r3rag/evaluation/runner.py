@@ -34,6 +34,7 @@ from r3rag.config import dump_config
 from r3rag.data.records import Question
 from r3rag.errors import ConfigError
 from r3rag.evaluation.aggregate import aggregate
+from r3rag.evaluation.components import model_precision
 from r3rag.evaluation.config import EvaluationConfig, parse_shard
 from r3rag.evaluation.datasets import resolve_dataset, select_shard
 from r3rag.evaluation.methods import Method, build_method, check_method
@@ -131,6 +132,9 @@ def run_evaluation(cfg: EvaluationConfig, out_dir: str | Path) -> RunOutcome:
         _check_key(out, identity, key)
         _check_rows(pred_path, rows, mine, cfg.dataset.limit)
     (out / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+    precision = model_precision(cfg.model)
+    if precision is not None:
+        precision.write(out, "evaluation")
     if not rows or not (out / RUN_INFO).is_file():
         write_json(out / RUN_INFO, {"identity": identity, "config_key": key})  # before the first prediction
     done = {r["id"] for r in rows}

@@ -9,6 +9,8 @@ the retrieval service, the previous stage's checkpoint and the output folder are
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from r3rag.config import Section
@@ -28,6 +30,9 @@ class RetrievalSection(Section):
 class ModelSection(Section):
     base: str = Field("smollm2", description="the model every stage starts from: 'smollm2' (packaged), a folder or a .gguf")
     threads: int | None = Field(None, ge=1, description="torch threads in this process (None: torch's choice)")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="every stage's precision: auto (the stages' own auto: bf16 on CPUs with avx512_bf16 / amx_bf16, "
+        "fp32 elsewhere, r3rag.precision) | fp32 | bf16 (passed to SFT, RL and evaluation)")
 
 
 class TrainStageSection(Section):
@@ -87,8 +92,8 @@ class EvalSection(Section):
     trained_method: str = Field("r3rag_steps", description="the format the trained models are evaluated in")
     trained_prompt_variant: str = Field("standard", description="instructions for trained checkpoints (what they trained on)")
     batch_size: int = Field(32, ge=1, description="questions per engine call and rows per forward pass")
-    dtype: str = Field("auto", description="model dtype for every run: auto (bfloat16 on CPUs with native bf16, "
-                       "measured 1.5x cheaper there; float32 elsewhere) | float32 | bfloat16")
+    dtype: str = Field("auto", description="model dtype for every run: auto (model.precision; its auto is bfloat16 on CPUs "
+                       "with native bf16, measured 1.5x cheaper there, float32 elsewhere) | float32 | bfloat16")
     workers: int = Field(1, ge=1, description="processes per evaluation run, each on its shard of the questions with "
                          "threads/workers torch threads, merged afterwards (2 on 2 cores: 1.21x faster than one process "
                          "of 2 threads, the same EM; in bf16 some predictions change with the batch; docs/quickstart.md)")

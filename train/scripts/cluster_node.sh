@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Join this node to the training cluster: start Ray (head or worker) and this node's retrieval
-# replica. Run it on every node before a launch script with NNODES>1:
+# replica. Run it on every node before a launch script with NNODES>1.
 #
+# Usage: [INDEX=DIR] [HEAD_ADDR=ADDR] bash train/scripts/cluster_node.sh head|worker|stop [--help]
+# Example:
 #   node 0:  INDEX=/idx/wiki18-e5 bash train/scripts/cluster_node.sh head
 #   node i:  INDEX=/idx/wiki18-e5 HEAD_ADDR=<node 0's address> bash train/scripts/cluster_node.sh worker
 #   node 0:  NNODES=2 POLICY=... DATASET=... bash train/scripts/r3rag_ppo_llama3.1-8b.sh
@@ -14,13 +16,17 @@
 # the agent plugin tries its own node's replica first.
 # Environment: INDEX, HEAD_ADDR (worker), RAY_PORT=6379, RETRIEVER_PORT=8100, RETRIEVER_HOST,
 # GPUS_PER_NODE=8, SAVE_DIR (replica logs; default runs/openrlhf), OPENRLHF_PYTHON, CORE_PYTHON.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+case "${1:-}" in -h|--help) r3rag_header "$0"; exit 0 ;; esac
+[ $# -le 1 ] || r3rag_die "one argument: head, worker or stop (see --help)"
 ROLE="${1:-}"
 NNODES=2  # a cluster node: the replica binds a routable address (RETRIEVER_HOST overrides)
 SAVE_DIR="${SAVE_DIR:-runs/openrlhf}"
 RAY="$(dirname "$OPENRLHF_PYTHON")/ray"
 r3rag_check_numbers
+case "$ROLE" in head|worker|stop) r3rag_need "$RAY" "OpenRLHF's environment (bash train/envs/openrlhf.sh) or OPENRLHF_PYTHON" ;; esac
 case "$ROLE" in
   head)
     "$RAY" start --head --port "$RAY_PORT" --num-gpus "$GPUS_PER_NODE" --disable-usage-stats
@@ -32,5 +38,5 @@ case "$ROLE" in
   stop)
     "$RAY" stop || true
     bash "$R3RAG_ROOT/startup/server.sh" --stop --run-dir "$SAVE_DIR/retrieval-$(hostname -s)" ;;
-  *) echo "usage: bash train/scripts/cluster_node.sh head|worker|stop  (see the header)" >&2; exit 2 ;;
+  *) echo "usage: bash train/scripts/cluster_node.sh head|worker|stop  (see --help)" >&2; exit 2 ;;
 esac

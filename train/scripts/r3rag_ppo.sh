@@ -11,13 +11,18 @@
 # trajectory, 512 characters each); outcome +2.0 and per-step process rewards, each step's reward
 # on that step's last token (r3rag.train.openrlhf.per_step).
 #
+# Usage: POLICY=CKPT DATASET=FILE INDEX=DIR [MODEL_FAMILY=llama|qwen] bash train/scripts/r3rag_ppo.sh [--help]
 #   MODEL_FAMILY=llama|qwen   picks the SFT defaults below (default: llama)
+# Example:
 #   POLICY=/ckpt/r3rag-sft-llama3.1-8b DATASET=hotpotqa_train_8192.jsonl INDEX=/idx/wiki18-e5 \
 #     bash train/scripts/r3rag_ppo.sh
+#   R3RAG_DRY_RUN=1 bash train/scripts/r3rag_ppo.sh     # print the flags, start nothing
 # Every other knob is an environment variable: train/scripts/common.sh. The judge (the paper's
 # process and fallback outcome judge) is an OpenAI-compatible server you run, e.g.
 #   R3RAG_AGENT_SET_EXTRA="reward.overrides=[process.source=judge,answer.judge_fallback=true,judge.base_url=http://JUDGE:8001/v1]"
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+r3rag_args "$@"
 
 MODEL_FAMILY="${MODEL_FAMILY:-llama}"
 case "$MODEL_FAMILY" in llama|qwen) ;; *) r3rag_die "MODEL_FAMILY must be llama or qwen (got '$MODEL_FAMILY')" ;; esac

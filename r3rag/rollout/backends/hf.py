@@ -62,13 +62,17 @@ from r3rag.rollout.backends.hf_loading import split_source as _split_source
 from r3rag.rollout.backends.shared_prefix import SharedPrefixes
 
 def load_model(path_or_gguf: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a folder, a hub name or a ``.gguf`` file."""
-    import torch
+    """Load ``(model, tokenizer)`` from a folder, a hub name or a ``.gguf`` file. ``dtype``: ``auto``
+    (the one precision rule, :func:`r3rag.precision.choose_precision`, for ``device``), ``float32``,
+    ``bfloat16``, ``float16`` (or fp32 / bf16 / fp16)."""
     from transformers import AutoModelForCausalLM
 
+    from r3rag.precision import choose_precision
+
     src, kw = _split_source(path_or_gguf)
+    torch_dtype = choose_precision(dtype, device).dtype
     try:
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kw)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype, **kw)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"{src}: cannot load model ({str(err).splitlines()[0]})") from None
     tok = load_tokenizer(path_or_gguf)

@@ -75,6 +75,10 @@ class ColdStartBuilder:
         self.questions = _shard(questions, cfg)
         self.out = Path(cfg.output.dir)
         self.backend, self.tokenizer = build_teacher(cfg.teacher, questions, cfg.rollout)
+        if cfg.teacher.kind == "hf":  # a model loaded here: its precision beside the data it wrote
+            from r3rag.precision import choose_precision
+
+            choose_precision(cfg.teacher.dtype, cfg.teacher.device).write(self.out, "coldstart teacher")
         r = cfg.rollout
         self.fmt = get_format(r.format, mode=r.mode, tokenizer=self.tokenizer, observation_role=r.observation_role,
                               system_prompt_path=r.system_prompt_path, raw_prompt_path=r.raw_prompt_path,

@@ -40,7 +40,7 @@ class TeacherSection(Section):
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the key")
     endpoint: Literal["completions", "chat"] = "chat"
     tokenizer: str = Field("smollm2", description="tokenizer of the trajectories (oracle/openai): the student's")
-    dtype: str = "float32"
+    dtype: str = Field("float32", description="hf: float32 | bfloat16 | auto (r3rag.precision: bfloat16 where native)")
     device: str = "cpu"
     variety: OracleVariety = OracleVariety()
 

@@ -24,9 +24,10 @@ from r3rag.rollout.config import RolloutConfig
 class PolicyModelConfig(Section):
     path: str = Field("smollm2", description="HF folder, hub name, .gguf file or 'smollm2' (the packaged SmolLM2-135M-Instruct)")
     device: str = Field("cpu", description="cpu | cuda | cuda:N: the same code on either")
-    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    compute_dtype: Literal["auto", "float32", "bfloat16", "fp32", "bf16"] = Field(
         "auto", description="autocast dtype of the trainer's forward/backward (weights stay float32); "
-        "auto: bfloat16 on CUDA and on CPUs with AVX-512 bf16 (measured faster there), else float32")
+        "auto: bfloat16 on a GPU with native bf16 and on CPUs with avx512_bf16 / amx_bf16 (measured faster there), "
+        "else float32 (r3rag.precision)")
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass of the rollout backend")
     rollout_weights: Literal["auto", "shared", "bfloat16"] = Field(

@@ -50,7 +50,10 @@ def main() -> None:
     action = torch.zeros(a.rows, a.tokens - 1)
     action[:, a.tokens // 2:] = 1  # the second half generated, as in a trajectory after its prompt
     temps = torch.ones(a.rows)
-    out = {"cpu": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(), "rows": a.rows, "tokens": a.tokens}
+    from r3rag.machine import cpu_name
+    from r3rag.precision import choose_precision
+
+    out = {"cpu": cpu_name(), "auto": choose_precision("auto", "cpu").name, "threads": torch.get_num_threads(), "rows": a.rows, "tokens": a.tokens}
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         out[f"{name}_s"] = round(step_time(model, ids, mask, action, temps, dt, a.repeat), 3)
     out["bf16_speedup"] = round(out["float32_s"] / out["bfloat16_s"], 2)

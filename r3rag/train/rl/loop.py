@@ -48,7 +48,7 @@ import torch
 from r3rag.config import dump_config
 from r3rag.data.records import Question
 from r3rag.errors import ConfigError
-from r3rag.machine import native_bf16
+from r3rag.precision import Precision, choose_precision
 from r3rag.rewards.process import gold_recall
 from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
@@ -94,15 +94,17 @@ def rft_selection(a: Any) -> dict[str, Any]:
 
 
 def resolve_compute_dtype(name: str, device: str) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA, and on CPUs whose flags include native bf16 arithmetic
-    (avx512_bf16 / amx_bf16: measured faster there, see docs/rl.md); float32 elsewhere."""
-    if name == "float32":
-        return torch.float32
-    if name == "bfloat16":
-        return torch.bfloat16
-    if device.startswith("cuda"):
-        return torch.bfloat16
-    return torch.bfloat16 if native_bf16() else torch.float32
+    """The trainer's autocast dtype, by the one precision rule (:func:`r3rag.precision.choose_precision`:
+    ``auto`` is bfloat16 on a GPU with native bf16 and on CPUs with avx512_bf16 / amx_bf16, float32
+    elsewhere). fp16 is refused: this trainer has no loss scaler."""
+    return rl_precision(name, device).dtype
+
+
+def rl_precision(name: str, device: str) -> Precision:
+    p = choose_precision(name, device)
+    if p.name == "fp16":
+        raise ConfigError("model.compute_dtype: fp16 needs a loss scaler, which the RL trainer does not have; use bf16 or fp32")
+    return p
 
 
 def resolve_rollout_weights(name: str, compute_dtype: torch.dtype, device: str) -> str:
@@ -247,8 +249,11 @@ class RLTrainer:
         if cfg.model.threads:
             torch.set_num_threads(cfg.model.threads)
         self.device = torch.device(cfg.model.device)
-        self.dtype = resolve_compute_dtype(cfg.model.compute_dtype, cfg.model.device)
+        self.precision = rl_precision(cfg.model.compute_dtype, cfg.model.device)
+        self.dtype = self.precision.dtype
         self.rollout_weights = resolve_rollout_weights(cfg.model.rollout_weights, self.dtype, cfg.model.device)
+        self.precision.write(self.out, "rl", rollout_weights=self.rollout_weights, rollout_backend=cfg.model.rollout_backend,
+                             weights="float32 (autocast in the precision)")
         self._questions, self._eval_questions, self._retriever = questions, eval_questions, retriever
         self.last_checkpoint_s: float | None = None
         self.skipped_note = ""
@@ -473,7 +478,7 @@ class RLTrainer:
 
         cfg = self.cfg
         init = save_hf_folder(policy, self._tokenizer, self.out / "rollout-init")
-        kwargs = {"dtype": "bfloat16" if self.dtype == torch.bfloat16 else "float32", "seed": cfg.train.seed,
+        kwargs = {"dtype": self.precision.torch_name, "seed": cfg.train.seed,
                   **cfg.model.rollout_engine_kwargs}
         return vllm_backend.VLLMBackend(str(init), tokenizer=self._tokenizer, **kwargs)
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from r3rag.config import Section
+from r3rag.precision import Precision, choose_precision
 
 
 class DataSection(Section):
@@ -34,7 +35,8 @@ class TrainSection(Section):
     per_device_train_batch_size: int = 1
     gradient_accumulation_steps: int = 8
     precision: Literal["auto", "bf16", "fp32", "fp16"] = Field(
-        "auto", description="auto: bf16 on a GPU with bf16 or a CPU with AVX-512 (measured faster there), else fp32")
+        "auto", description="auto: bf16 on a GPU with native bf16 or a CPU with avx512_bf16 / amx_bf16 (measured faster "
+        "there), else fp32 (r3rag.precision); fp16 only on a GPU")
     deepspeed: str | None = Field(None, description="DeepSpeed config JSON (ZeRO-3 for 7-8B models)")
     gradient_checkpointing: bool = False
     save_steps: int = 500
@@ -68,21 +70,21 @@ class SFTConfig(Section):
     extra: dict[str, Any] = Field(default_factory=dict, description="more LLaMA-Factory keys, passed through")
 
 
-def resolve_precision(precision: str) -> str:
-    """``auto`` -> ``bf16`` where it was measured faster (CUDA with bf16, a CPU with AVX-512), else ``fp32``."""
-    if precision != "auto":
-        return precision
-    import torch
+def sft_device(cfg: SFTConfig) -> str:
+    """Where LLaMA-Factory trains: the GPU when torch sees one and ``train.use_cpu`` is off."""
+    from r3rag.precision import default_device
 
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    cap = str(torch.backends.cpu.get_cpu_capability()).upper()
-    return "bf16" if "AVX512" in cap else "fp32"
+    return "cpu" if cfg.train.use_cpu else default_device()
 
 
-def llamafactory_args(cfg: SFTConfig, model_path: str) -> dict[str, Any]:
+def resolve_precision(cfg: SFTConfig) -> Precision:
+    """The run's precision, by the one rule (:func:`r3rag.precision.choose_precision`)."""
+    return choose_precision(cfg.train.precision, sft_device(cfg))
+
+
+def llamafactory_args(cfg: SFTConfig, model_path: str, precision: Precision | None = None) -> dict[str, Any]:
     t, d = cfg.train, cfg.data
-    precision = resolve_precision(t.precision)
+    precision = (precision or resolve_precision(cfg)).name
     args: dict[str, Any] = {
         "model_name_or_path": model_path,
         "stage": "sft",

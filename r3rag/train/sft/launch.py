@@ -30,7 +30,7 @@ import yaml
 
 from r3rag.config import dump_config
 from r3rag.errors import ConfigError, R3RagError
-from r3rag.train.sft.config import SFTConfig, llamafactory_args
+from r3rag.train.sft.config import SFTConfig, llamafactory_args, resolve_precision
 
 DONE = "r3rag_sft_done.json"
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,12 +79,14 @@ def prepare(cfg: SFTConfig) -> tuple[list[str], dict[str, str], Path]:
     model = ensure_hf_folder(cfg.model)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    args = llamafactory_args(cfg, str(model))
+    precision = resolve_precision(cfg)
+    args = llamafactory_args(cfg, str(model), precision)
     args["dataset_dir"] = str(Path(cfg.data.dataset_dir).resolve())
     args["output_dir"] = str(out.resolve())
     lf_yaml = out / "r3rag_sft.yaml"
     lf_yaml.write_text(yaml.safe_dump(args, sort_keys=False), encoding="utf-8")
     (out / "r3rag_config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+    precision.write(out, "sft", lf_bf16=args["bf16"], lf_fp16=args["fp16"])  # the YAML's keys, beside why
     env = dict(os.environ)
     env["R3RAG_OBSERVATION_ROLE"] = cfg.observation_role
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
