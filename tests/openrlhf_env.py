@@ -30,7 +30,8 @@ def require_openrlhf() -> Path:
 def run_in_openrlhf(*args: str, timeout: float = 600) -> dict:
     """Run tests/openrlhf_checks.py with ``args`` in OpenRLHF's environment; its JSON result."""
     python = require_openrlhf()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "tests"), RAY_DEDUP_LOGS="0")
+    # this checkout's r3rag first: the environment's editable install may point at another checkout
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), RAY_DEDUP_LOGS="0")
     proc = subprocess.run([str(python), str(ROOT / "tests" / "openrlhf_checks.py"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("R3RAG-RESULT ")]

@@ -52,6 +52,13 @@ def test_gae_returns_follow_per_step_placement(stock):
     assert stock["info_cleaned"] is True
 
 
+def test_gae_at_the_shipped_lambda_skips_documents(stock):
+    """OpenRLHF's own GAE at configs/rl/r3rag_ppo.yaml's gamma 1.0 / lambd 0.95, with the hook, on an
+    episode whose steps are separated by retrieved documents: the single-machine trainer's returns."""
+    assert stock["episode_has_documents_between_steps"] is True
+    assert stock["gae_shipped_returns_equal_trainer"] is True
+
+
 def test_dropped_sample_is_out_of_loss_and_baseline(stock):
     """reinforce_baseline: a dropped sample (retrieval outage) has no action tokens, and the group
     baseline is the mean of the kept samples only (stock OpenRLHF would average its 0 in)."""

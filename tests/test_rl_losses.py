@@ -101,3 +101,16 @@ def test_trainer_forward_uses_the_sampling_temperature_and_only_generated_positi
     lp, _ = policy_logprobs(model, ids, attn, mask, temps)
     (lp * mask).sum().backward()
     assert model.get_output_embeddings().weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("log_ratio", [-89.0, -100.0, -1000.0])
+def test_k3_gradient_is_finite_far_below_the_reference(log_ratio):
+    """k3 clamps log r at -10 before exp (OpenRLHF does too): exp(89) overflows float32, and the
+    clamp's zero derivative times an infinite one would be NaN."""
+    logp = torch.tensor([log_ratio, -0.3, 0.0], requires_grad=True)
+    ref = torch.zeros(3)
+    kl = approx_kl(logp, ref, "k3")
+    kl.sum().backward()
+    assert torch.isfinite(kl).all() and kl[0].item() == 10.0
+    assert torch.isfinite(logp.grad).all() and logp.grad[0].item() == 0.0
+    assert logp.grad[1].item() == pytest.approx(1 - torch.exp(torch.tensor(0.3)).item(), rel=1e-5)

@@ -9,7 +9,14 @@ OpenRLHF's own functions run in its environment (``.venvs/openrlhf``, made by
 Scenarios: (a) contiguous generated tokens (prompt zeros on the left, padding on the right),
 every estimator, gamma < 1 for ``reinforce`` and ``gae``; (b) a document gap inside the generated
 tokens with gamma = lambd = 1 (where discounting over generated tokens only and over every position
-agree). Skipped when the environment is absent, unless ``R3RAG_REQUIRE_ENVS=1`` (then it fails).
+agree). k3 also at log-ratios of -89 and below (OpenRLHF's clamp before ``exp``).
+
+Then the parity harness (``tests/openrlhf_checks.py parity``, run in OpenRLHF's environment): every
+shipped recipe of configs/rl/ and every estimator OpenRLHF's own parser offers, on batches with
+per-step rewards, documents of 5/50/300 tokens, dropped samples, equal-total groups and a reward
+above the clip: the single machine must equal OpenRLHF's own ``compute_advantages_and_returns``
+with r3rag's hook, and equal stock OpenRLHF where no per-step reward, document or drop is involved.
+Skipped when the environment is absent, unless ``R3RAG_REQUIRE_ENVS=1`` (then it fails).
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from r3rag.train.rl.estimators import ESTIMATORS, compute_advantages
+from openrlhf_env import run_in_openrlhf
+from r3rag.train.rl.config import AlgoConfig
+from r3rag.train.rl.estimators import ALL_ESTIMATORS, ESTIMATORS, REWARD_CLIP, compute_advantages
 from r3rag.train.rl.losses import approx_kl, policy_loss, value_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,8 +118,10 @@ def _inputs() -> dict:
     B, L = 6, 9
     mask = (torch.rand(B, L, generator=g) > 0.3).float()
     logp = -torch.rand(B, L, generator=g) * 3
+    ref = logp + torch.randn(B, L, generator=g) * 0.5
+    ref[0, :4] = logp[0, :4] + torch.tensor([89.0, 100.0, 10.5, 9.5])  # log-ratios -89, -100, near k3's clamp
     loss = {
-        "logp": logp, "old": logp + torch.randn(B, L, generator=g) * 0.3, "ref": logp + torch.randn(B, L, generator=g) * 0.5,
+        "logp": logp, "old": logp + torch.randn(B, L, generator=g) * 0.3, "ref": ref,
         "adv": torch.randn(B, L, generator=g), "mask": mask, "values": torch.randn(B, L, generator=g),
         "old_values": torch.randn(B, L, generator=g), "returns": torch.randn(B, L, generator=g),
     }
@@ -192,3 +203,66 @@ def test_kl_and_losses_match(theirs):
         assert st["ppo_kl"] == pytest.approx(float(want[2]), abs=1e-6)
     v = value_loss(p["values"], p["old_values"], p["returns"], p["mask"], clip=0.2)
     assert float(v) == pytest.approx(float(out["value"]), abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the parity harness: every shipped recipe and every OpenRLHF estimator, single machine vs OpenRLHF
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def parity():
+    return run_in_openrlhf("parity", timeout=1200)
+
+
+def test_estimator_names_are_openrlhfs_own_choices(parity):
+    """Every estimator OpenRLHF's parser offers runs on one machine; ours beyond them are the two
+    without an OpenRLHF counterpart."""
+    theirs = set(parity["openrlhf_estimators"])
+    assert "flash_reinforce" in theirs and theirs <= set(ALL_ESTIMATORS)
+    assert set(ALL_ESTIMATORS) - theirs == {"rft", "group_norm_split"}
+
+
+def test_reward_clip_default_is_openrlhfs(parity):
+    assert tuple(parity["openrlhf_clip_range"]) == REWARD_CLIP == AlgoConfig().reward_clip
+
+
+def test_cases_cover_every_shipped_recipe_and_every_openrlhf_estimator(parity):
+    names = {c["name"] for c in parity["cases"]}
+    assert {p.stem for p in (ROOT / "configs" / "rl").glob("*.yaml")} <= names
+    assert {f"openrlhf {e}" for e in parity["openrlhf_estimators"]} <= names
+    ppo = next(c for c in parity["cases"] if c["name"] == "r3rag_ppo")
+    assert (ppo["estimator"], ppo["gamma"], ppo["lambd"]) == ("gae", 1.0, 0.95)  # the shipped discounting
+    assert len(parity["results"]) == len(parity["cases"]) * len(parity["settings"])
+
+
+def test_single_machine_equals_openrlhf_with_the_hook_everywhere(parity):
+    theirs = set(parity["openrlhf_estimators"])
+    est = {c["name"]: c["estimator"] for c in parity["cases"]}
+    bad = [(r["case"], r["setting"], r["single_vs_hook"]) for r in parity["results"]
+           if est[r["case"]] in theirs and not (r["single_vs_hook"] is not None and r["single_vs_hook"] <= TOL)]
+    assert bad == []
+    assert all(r["finite"] for r in parity["results"])
+
+
+def test_single_machine_equals_stock_openrlhf_without_steps_documents_or_drops(parity):
+    """Outcome reward, contiguous tokens, nothing dropped (and a reward above the clip): the
+    definitions are OpenRLHF's own, so stock OpenRLHF gives the same numbers."""
+    outcome = [r for r in parity["results"] if r["setting"] in ("outcome", "outcome > 10") and r["single_vs_stock"] is not None]
+    assert len(outcome) >= 2 * len(parity["openrlhf_estimators"])
+    assert [(r["case"], r["setting"]) for r in outcome if r["single_vs_stock"] > TOL] == []
+
+
+def test_documents_are_not_time_steps_on_either_path(parity):
+    """GAE at gamma 1.0, lambd 0.95, step rewards 0.6 then 2.0: 2.229 at the first step whatever the
+    document between the steps, on one machine and inside OpenRLHF; stock OpenRLHF decays it."""
+    for doc, v in parity["reference_gae"].items():
+        assert v["single"] == pytest.approx(0.6 + 2.0 * 0.95**4, abs=1e-5)
+        assert v["openrlhf"] == pytest.approx(v["single"], abs=1e-5)
+        assert v["stock"] == pytest.approx(2.6 * 0.95 ** (4 + int(doc)), abs=1e-5)  # every position a step
+
+
+def test_equal_totals_stay_bounded(parity):
+    rows = [r for r in parity["results"] if r["setting"] == "steps, equal totals"]
+    assert rows and max(r["max_abs_single"] for r in rows) < 20 and max(r["max_abs_hook"] or 0 for r in rows) < 20

@@ -7,8 +7,9 @@
 - :mod:`.config` reads the plugin's settings (the class is built without arguments): a YAML file
   named by ``R3RAG_AGENT_CONFIG`` (a path, or the name of a config packaged in ``configs/``),
   dotted overrides in ``R3RAG_AGENT_SET`` and retrieval URLs in ``R3RAG_RETRIEVER_URLS``;
-- :mod:`.placement` and :mod:`.per_step` put each step's reward on that step's last token inside
-  OpenRLHF's experience maker (stock OpenRLHF sums them onto the last token), installed in every
+- :mod:`.placement` and :mod:`.per_step` make OpenRLHF's experience maker compute the single-machine
+  trainer's advantages (each step's reward on that step's last token, group statistics from kept
+  samples, the vanishing-spread guard, documents not counted as time steps), installed in every
   Ray worker by :mod:`.launch`, the driver entry point that replaces
   ``python -m openrlhf.cli.train_ppo_ray``;
 - :mod:`.flags` runs OpenRLHF's own argument parser on a launch script's flags (CI contract);

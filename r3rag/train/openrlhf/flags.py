@@ -65,6 +65,40 @@ def parse_with_openrlhf(argv: list[str], module: str = OPENRLHF_MAIN) -> Any:
     raise FlagError("OpenRLHF's main returned without reaching train(args)")
 
 
+def openrlhf_parser(module: str = OPENRLHF_MAIN) -> Any:
+    """OpenRLHF's own ``argparse.ArgumentParser`` (built by its ``__main__`` block, stopped at
+    ``parse_args``), to read its choices and defaults instead of copying them."""
+    import argparse
+
+    captured: dict[str, Any] = {}
+    orig = argparse.ArgumentParser.parse_args
+
+    def grab(self: argparse.ArgumentParser, *_: Any, **__: Any) -> Any:
+        captured["parser"] = self
+        raise _Parsed()
+
+    old_argv = sys.argv
+    argparse.ArgumentParser.parse_args = grab  # type: ignore[method-assign]
+    sys.argv = [module]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_module(module, run_name="__main__")
+    except _Parsed:
+        return captured["parser"]
+    finally:
+        argparse.ArgumentParser.parse_args = orig  # type: ignore[method-assign]
+        sys.argv = old_argv
+    raise FlagError(f"{module} built no argument parser")
+
+
+def option(parser: Any, flag: str) -> Any:
+    """The ``argparse.Action`` of ``flag`` (``"--algo.advantage.estimator"``) in ``parser``."""
+    for action in parser._actions:
+        if flag in action.option_strings:
+            return action
+    raise FlagError(f"OpenRLHF has no flag {flag}")
+
+
 def get(args: Any, dotted: str) -> Any:
     """``get(args, "algo.advantage.estimator")`` on OpenRLHF's hierarchical namespace."""
     node = args

@@ -9,7 +9,10 @@
    trainer actor that builds experiences has the hook too) and the ``R3RAG_*`` variables (the
    agent plugin in the vLLM engine actors reads its settings from them, on every node).
 
-``R3RAG_PER_STEP=0`` skips both (stock OpenRLHF placement: the total on the last token).
+``R3RAG_PER_STEP=0`` skips both: stock OpenRLHF's objective (the total on the last token, dropped
+samples in the group baselines, documents counted as GAE time steps), no longer the single
+machine's. ``R3RAG_MIN_GROUP_STD`` (forwarded with the other ``R3RAG_*`` variables) sets the hook's
+vanishing-spread guard, as ``algo.min_group_std`` on one machine.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
-"""Per-step rewards inside stock OpenRLHF 0.11.2, by wrapping three of its functions (no fork).
+"""Per-step rewards and the single machine's objective inside stock OpenRLHF 0.11.2, by wrapping five
+of its functions (no fork).
 
 Stock OpenRLHF sums an agent's step rewards into one number and puts it on the last generated
-token. R3-RAG scores every step, and each step's reward belongs on that step's last token. The
-executor (:mod:`.rollout`) already returns, besides the usual ``reward``, one reward per action
-range (``r3rag_step_rewards``) and whether the sample must be dropped (``r3rag_dropped``).
-:func:`install` wraps, in the process where the trainer runs:
+token, takes every sample of a prompt group into its baselines, divides by a group std however
+small, and runs GAE over every response position (a retrieved document's tokens count as time
+steps). The single-machine trainer (:mod:`r3rag.train.rl.estimators`) does none of these; this
+hook makes OpenRLHF compute the same advantages. The executor (:mod:`.rollout`) returns, besides
+the usual ``reward``, one reward per action range (``r3rag_step_rewards``) and whether the sample
+must be dropped (``r3rag_dropped``). :func:`install` wraps, in the process where the trainer runs:
 
 1. ``SamplesGenerator._process_response_into_experience`` (``trainer/ppo_utils/samples_generator.py``):
    after the stock conversion, the step rewards become a dense ``(1, A)`` tensor aligned with the
@@ -12,19 +15,24 @@ range (``r3rag_step_rewards``) and whether the sample must be dropped (``r3rag_d
    ``experience.info`` (which OpenRLHF pads and concatenates with the rest of the sample), and the
    drop flag too;
 2. ``RemoteExperienceMaker.compute_advantages_and_returns`` (``trainer/ppo_utils/experience_maker.py``):
-   before the stock code runs, a dropped sample's reward is set to the mean reward of the kept
-   samples of its prompt group (so a group baseline is computed from kept samples only; its action
-   mask is already empty, so it adds nothing to any loss); the dense step rewards are registered
-   by the identity of each experience's ``action_mask``; after it, they are removed from ``info``
-   (they are not a metric);
-3. ``compute_reward`` as imported by ``experience_maker``: for an experience with registered step
-   rewards it returns :func:`~.placement.token_rewards` (steps on their last tokens, any shaping of
-   the episode reward on the last token, clip, KL); otherwise the stock function runs unchanged.
+   registers the call's experiences (by the identity of each one's ``action_mask``) and runs the
+   stock code; afterwards the step rewards leave ``info`` (they are not a metric);
+3. ``compute_reward`` as imported by ``experience_maker``: at its first call of a batch (after
+   OpenRLHF's own length penalties changed ``experience.rewards``) the group shaping of every
+   sample is computed by :func:`r3rag.train.rl.estimators.shaping` from the **kept** samples only
+   (not dropped, at least one action token; groups are runs of ``n_samples_per_prompt`` sample
+   indices, ``flash_reinforce`` takes the whole batch), with the vanishing-spread guard
+   (``R3RAG_MIN_GROUP_STD``, default :data:`~r3rag.train.rl.estimators.MIN_STD`); each call then
+   returns :func:`~.placement.token_rewards` (step rewards times the scale, the shift on the last
+   token, OpenRLHF's ``--reward.clip_range``, KL). The scalar stock shaped is not used;
+4. ``RemoteExperienceMaker.get_advantages_and_returns`` (GAE) and ``get_cumulative_returns``
+   (the REINFORCE family): the stock recursion runs on each row's action positions packed to the
+   front (:func:`~.placement.pack_actions`) and is scattered back, so documents are not time steps.
 
-Everything else (GAE, REINFORCE returns, advantage whitening, the losses) is stock code. The
-wrappers are installed in every Ray worker by :mod:`.launch` (a ``worker_process_setup_hook``),
-and :func:`install` is idempotent. :data:`TARGETS` names what is wrapped; a test fails when the
-pinned OpenRLHF no longer has them with the expected signatures.
+Advantage whitening and the losses are stock code. The wrappers are installed in every Ray
+worker by :mod:`.launch` (a ``worker_process_setup_hook``), and :func:`install` is idempotent.
+:data:`TARGETS` names what is wrapped; a test fails when the pinned OpenRLHF no longer has them
+with the expected signatures. Packed samples (``kl`` as a list) keep stock code for 3.
 """
 
 from __future__ import annotations
@@ -35,11 +43,11 @@ from typing import Any
 
 import torch
 
-from r3rag.train.openrlhf.placement import dense_step_rewards, token_rewards
+from r3rag.train.openrlhf.placement import dense_step_rewards, pack_actions, token_rewards, unpack_actions
 
 STEP_KEY = "r3rag_step_rewards"  # response key (list[float]) and experience.info key (dense tensor)
 DROP_KEY = "r3rag_dropped"
-GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
+ENV_MIN_STD = "R3RAG_MIN_GROUP_STD"
 
 #: (module, attribute, parameters the wrapper relies on)
 TARGETS = (
@@ -49,10 +57,64 @@ TARGETS = (
      ("self", "experiences")),
     ("openrlhf.trainer.ppo_utils.experience_maker", "compute_reward",
      ("r", "kl_coef", "kl", "action_mask", "reward_clip_range")),
+    ("openrlhf.trainer.ppo_utils.experience_maker", "RemoteExperienceMaker.get_advantages_and_returns",
+     ("self", "values", "rewards", "action_mask", "gamma", "lambd")),
+    ("openrlhf.trainer.ppo_utils.experience_maker", "RemoteExperienceMaker.get_cumulative_returns",
+     ("self", "rewards", "action_mask", "gamma")),
 )
 
-_REGISTRY: dict[int, torch.Tensor] = {}
 _MARK = "__r3rag_per_step__"
+
+
+class _Batch:
+    """One ``compute_advantages_and_returns`` call: its experiences and, once computed, the shaping."""
+
+    def __init__(self, experiences: list, estimator: str, n_per_prompt: int, min_std: float):
+        self.experiences, self.estimator, self.n, self.min_std = experiences, estimator, n_per_prompt, min_std
+        self.rows: dict[int, tuple[Any, ...]] | None = None  # id(action_mask) -> (experience, totals, scale, shift)
+
+    def shaping_for(self, action_mask: torch.Tensor) -> tuple[Any, ...] | None:
+        if self.rows is None:
+            self.rows = self._shape()
+        return self.rows.get(id(action_mask))
+
+    def _shape(self) -> dict[int, tuple[Any, ...]]:
+        from r3rag.train.rl.estimators import ESTIMATORS, shaping
+
+        if self.estimator not in ESTIMATORS:
+            raise RuntimeError(f"r3rag per-step hook: OpenRLHF estimator {self.estimator!r} has no r3rag shaping "
+                               "(r3rag.train.rl.estimators.ESTIMATORS); run without the hook (R3RAG_PER_STEP=0) or add it")
+        totals, index, kept, sizes = [], [], [], []
+        for exp in self.experiences:
+            r = exp.rewards.detach().float().cpu().reshape(-1)
+            drop = exp.info.get(DROP_KEY)
+            drop = torch.zeros_like(r, dtype=torch.bool) if drop is None else drop.detach().cpu().reshape(-1) > 0.5
+            acts = exp.action_mask.detach().cpu().reshape(r.numel(), -1).sum(dim=1) > 0
+            totals.append(r)
+            index.append(torch.as_tensor(list(exp.index), dtype=torch.long).reshape(-1))
+            kept.append(acts & ~drop)
+            sizes.append(r.numel())
+        t, ix, k = torch.cat(totals), torch.cat(index), torch.cat(kept)
+        sh = shaping(self.estimator, t, ix // max(self.n, 1), kept=k, min_std=self.min_std)
+        out, start = {}, 0
+        for exp, size in zip(self.experiences, sizes):
+            sl = slice(start, start + size)
+            out[id(exp.action_mask)] = (exp, t[sl], sh.scale[sl], sh.shift[sl])
+            start += size
+        return out
+
+
+_BATCH: list[_Batch] = []  # the call in progress (a stack: calls do not nest in practice)
+
+
+def min_group_std(environ: Any = None) -> float:
+    """The vanishing-spread guard's threshold: ``R3RAG_MIN_GROUP_STD`` or the single machine's default."""
+    import os
+
+    from r3rag.train.rl.estimators import MIN_STD
+
+    value = (os.environ if environ is None else environ).get(ENV_MIN_STD)
+    return MIN_STD if value in (None, "") else float(value)
 
 
 def check_targets() -> list[str]:
@@ -86,27 +148,6 @@ def attach(experience: Any, response: dict) -> Any:
     return experience
 
 
-def neutralise_dropped(experiences: list, n_samples_per_prompt: int) -> int:
-    """Step 2a: a dropped sample's reward := mean reward of the kept samples of its prompt group
-    (groups are consecutive runs of ``n_samples_per_prompt`` sample indices, as OpenRLHF builds
-    them). In place; returns how many rewards were changed."""
-    slots: dict[int, tuple[Any, int, bool]] = {}
-    for exp in experiences:
-        drop = exp.info.get(DROP_KEY)
-        for j, idx in enumerate(exp.index or []):
-            slots[int(idx)] = (exp, j, drop is not None and bool(drop[j] > 0.5))
-    changed = 0
-    for idx, (exp, j, dropped) in slots.items():
-        if not dropped:
-            continue
-        g0 = idx - idx % n_samples_per_prompt
-        group = [slots[k] for k in range(g0, g0 + n_samples_per_prompt) if k in slots]
-        kept = [float(e.rewards[i]) for e, i, d in group if not d]
-        exp.rewards[j] = sum(kept) / len(kept) if kept else 0.0
-        changed += 1
-    return changed
-
-
 def _wrap_process(orig):
     @functools.wraps(orig)
     def wrapper(self, response, *args, **kwargs):
@@ -119,22 +160,13 @@ def _wrap_process(orig):
 def _wrap_advantages(orig):
     @functools.wraps(orig)
     def wrapper(self, experiences, *args, **kwargs):
-        args_ = self.strategy.args
-        if args_.algo.advantage.estimator in GROUP_ESTIMATORS and args_.rollout.n_samples_per_prompt > 1:
-            for exp in experiences:
-                exp.rewards = exp.rewards.to(torch.promote_types(exp.rewards.dtype, torch.float32))
-            neutralise_dropped(experiences, args_.rollout.n_samples_per_prompt)
-        keys = []
-        for exp in experiences:
-            dense = exp.info.get(STEP_KEY)
-            if dense is not None:
-                _REGISTRY[id(exp.action_mask)] = dense
-                keys.append(id(exp.action_mask))
+        a = self.strategy.args
+        _BATCH.append(_Batch(list(experiences), a.algo.advantage.estimator, int(a.rollout.n_samples_per_prompt),
+                             min_group_std()))
         try:
             return orig(self, experiences, *args, **kwargs)
         finally:
-            for k in keys:
-                _REGISTRY.pop(k, None)
+            _BATCH.pop()
             for exp in experiences:
                 exp.info.pop(STEP_KEY, None)
 
@@ -145,17 +177,46 @@ def _wrap_advantages(orig):
 def _wrap_compute_reward(orig):
     @functools.wraps(orig)
     def wrapper(r, kl_coef, kl, action_mask=None, reward_clip_range=None):
-        dense = _REGISTRY.get(id(action_mask)) if action_mask is not None else None
-        if dense is None or isinstance(kl, list):
+        found = _BATCH[-1].shaping_for(action_mask) if _BATCH and action_mask is not None else None
+        if found is None or isinstance(kl, list):
             return orig(r, kl_coef, kl, action_mask=action_mask, reward_clip_range=reward_clip_range)
-        return token_rewards(r, dense.to(kl.device), kl_coef, kl, action_mask, reward_clip_range)
+        exp, totals, scale, shift = found
+        dense = exp.info.get(STEP_KEY)
+        dense = None if dense is None else dense.to(kl.device)
+        return token_rewards(totals, dense, scale, shift, kl_coef, kl, action_mask, reward_clip_range)
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def _wrap_gae(orig):
+    @functools.wraps(orig)
+    def wrapper(self, values, rewards, action_mask, gamma, lambd, *args, **kwargs):
+        if action_mask is None:
+            return orig(self, values, rewards, action_mask, gamma, lambd, *args, **kwargs)
+        pv, pm, order = pack_actions(values, action_mask)
+        pr, _, _ = pack_actions(rewards, action_mask)
+        adv, ret = orig(self, pv, pr, pm, gamma, lambd, *args, **kwargs)
+        return unpack_actions(adv, action_mask, order), unpack_actions(ret, action_mask, order)
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def _wrap_cumulative(orig):
+    @functools.wraps(orig)
+    def wrapper(self, rewards, action_mask, gamma, *args, **kwargs):
+        if action_mask is None:
+            return orig(self, rewards, action_mask, gamma, *args, **kwargs)
+        pr, pm, order = pack_actions(rewards, action_mask)
+        return unpack_actions(orig(self, pr, pm, gamma, *args, **kwargs), action_mask, order)
 
     setattr(wrapper, _MARK, True)
     return wrapper
 
 
 def install() -> bool:
-    """Wrap the three functions (idempotent). Returns False when they were already wrapped.
+    """Wrap the five functions (idempotent). Returns False when they were already wrapped.
     Also the ``worker_process_setup_hook`` that :mod:`.launch` gives Ray."""
     from openrlhf.trainer.ppo_utils import experience_maker, samples_generator
 
@@ -168,6 +229,8 @@ def install() -> bool:
     sg._process_response_into_experience = _wrap_process(sg._process_response_into_experience)
     em = experience_maker.RemoteExperienceMaker
     em.compute_advantages_and_returns = _wrap_advantages(em.compute_advantages_and_returns)
+    em.get_advantages_and_returns = _wrap_gae(em.get_advantages_and_returns)
+    em.get_cumulative_returns = _wrap_cumulative(em.get_cumulative_returns)
     experience_maker.compute_reward = _wrap_compute_reward(experience_maker.compute_reward)
     return True
 

@@ -9,10 +9,11 @@ so step ``i``'s last generated token is ``sequences[end_i - 1]``, i.e. ``action_
 ``span.end - 1`` (the single-machine trainer's placement), shifted by OpenRLHF's one-token offset.
 
 Stock OpenRLHF (``models.utils.compute_reward``) puts the episode's one reward on the last action
-token. :func:`token_rewards` generalises it: the step rewards on their steps' last tokens, plus
-whatever the trainer did to the episode reward after the executor returned it (a group baseline
-subtracted, a length penalty added) on the last action token, then the optional clip and the
-per-token KL penalty. With one step, or all reward on the last step, it equals stock OpenRLHF.
+token. :func:`token_rewards` generalises it by the single-machine trainer's rule: the step rewards
+on their steps' last tokens, the group shaping of :mod:`r3rag.train.rl.estimators` (step rewards
+times the scale, the shift on the last action token), the clip and the per-token KL penalty.
+:func:`pack_actions` / :func:`unpack_actions` let OpenRLHF's own GAE and return recursions run over
+the action positions alone (documents are not time steps).
 """
 
 from __future__ import annotations
@@ -55,28 +56,61 @@ def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_rewards(
-    episode_reward: torch.Tensor,
-    step_rewards: torch.Tensor,
+    totals: torch.Tensor,
+    step_rewards: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
     kl_coef: float,
     kl: torch.Tensor,
     action_mask: torch.Tensor,
     reward_clip_range: tuple[float, float] | None = None,
 ) -> torch.Tensor:
-    """Per-token rewards ``(B, A)`` for OpenRLHF's advantage code.
+    """Per-token rewards ``(B, A)`` for OpenRLHF's advantage code, by the single machine's rule.
 
-    ``step_rewards`` ``(B, A)`` holds the executor's step rewards at their positions (their row sum
-    is the reward the executor returned); ``episode_reward`` ``(B,)`` is that reward after the
-    trainer's shaping. The difference goes on the last action token. Then each position is clipped
-    to ``reward_clip_range`` (when set) and ``-kl_coef * kl`` is added, as in stock OpenRLHF.
+    ``totals`` ``(B,)``: each sample's reward as the trainer sees it (the executor's, after
+    OpenRLHF's own length penalties); ``step_rewards`` ``(B, A)``: the executor's step rewards at
+    their positions, or None (an outcome reward). Whatever of the total is not in the step rewards
+    (a length penalty; all of it without step rewards) joins the last action token. Then the group
+    shaping ``(scale, shift)`` (:func:`r3rag.train.rl.estimators.shaping`) and the clip are those of
+    :func:`r3rag.train.rl.estimators.apply_shaping`, and ``-kl_coef * kl`` is added, as in stock
+    OpenRLHF. With one step, or all reward on the last step, and a plain shaping this is stock
+    OpenRLHF's ``compute_reward``.
     """
+    from r3rag.train.rl.estimators import Shaping, apply_shaping
+
     kl_coef = max(float(kl_coef), 0.0)
-    dense = step_rewards.to(kl.dtype).clone()
-    residual = episode_reward.to(kl.dtype) - dense.sum(dim=1)
+    dense = torch.zeros_like(kl, dtype=torch.float32) if step_rewards is None else step_rewards.float().clone()
+    residual = totals.float().to(dense.device) - dense.sum(dim=1)
     dense.scatter_add_(1, last_action_index(action_mask), residual.unsqueeze(1))
-    if reward_clip_range:
-        nonzero = dense != 0
-        dense = torch.where(nonzero, dense.clamp(min=reward_clip_range[0], max=reward_clip_range[1]), dense)
-    return dense - kl_coef * kl
+    sh = Shaping(scale.float().to(dense.device), shift.float().to(dense.device))
+    shaped = apply_shaping(dense, action_mask, sh, tuple(reward_clip_range) if reward_clip_range else None)
+    return shaped.to(kl.dtype) - kl_coef * kl
+
+
+def pack_actions(x: torch.Tensor, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Move each row's action positions to the front, in order: ``(packed x, packed mask, order)``.
+
+    A recursion over the packed row visits the generated tokens only, one time step each:
+    documents and the prompt are not time steps. :func:`unpack_actions` puts results back.
+
+    >>> x, m, order = pack_actions(torch.tensor([[1., 2., 3., 4.]]), torch.tensor([[1, 0, 0, 1]]))
+    >>> x.tolist(), m.tolist()
+    ([[1.0, 4.0, 0.0, 0.0]], [[1, 1, 0, 0]])
+    """
+    order = torch.sort((action_mask <= 0).to(torch.int8), dim=1, stable=True).indices
+    packed_mask = action_mask.gather(1, order)
+    return x.gather(1, order) * (packed_mask > 0), packed_mask, order
+
+
+def unpack_actions(packed: torch.Tensor, action_mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_actions` (0 off the action positions).
+
+    >>> x, m, order = pack_actions(torch.tensor([[1., 2., 3., 4.]]), torch.tensor([[1, 0, 0, 1]]))
+    >>> unpack_actions(x * 10, torch.tensor([[1, 0, 0, 1]]), order).tolist()
+    [[10.0, 0.0, 0.0, 40.0]]
+    """
+    out = torch.zeros_like(packed).scatter_(1, order, packed)
+    return out * (action_mask > 0)
 
 
 def dense_from_step_spans(spans: Sequence[object], per_step: Sequence[float], n_tokens: int) -> list[float]:

@@ -59,6 +59,7 @@ class RewardSection(Section):
 
 class AlgoConfig(Section):
     estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae "
+                           "| flash_reinforce (reward minus the rollout batch's mean, no group) "
                            "| rft (rejection sampling: imitate each question's best accepted samples, see rft_*) "
                            "| group_norm_split (outcome and query steps normalised apart)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount over generated tokens")
@@ -67,7 +68,13 @@ class AlgoConfig(Section):
     kl_coef: float = Field(0.0, ge=0.0, description="KL coefficient to the frozen reference; 0 loads no reference")
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     kl_use_loss: bool = Field(False, description="KL as a loss term instead of a per-token reward")
-    reward_clip: tuple[float, float] | None = Field(None, description="clamp the per-step rewards")
+    reward_clip: tuple[float, float] | None = Field(
+        (-10.0, 10.0), description="clamp each placed (shaped) reward, as OpenRLHF's --reward.clip_range and with its "
+        "default; null: no clamp")
+    min_group_std: float = Field(
+        1e-3, ge=0.0, description="group_norm, group_norm_split: a group whose reward std is at or below this has no spread "
+        "and gets advantage 0 from its rewards (never a division by a vanishing std); the OpenRLHF hook reads "
+        "R3RAG_MIN_GROUP_STD, same default")
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     dual_clip: float | None = Field(None, gt=1.0)

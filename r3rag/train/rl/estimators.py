@@ -15,8 +15,21 @@ index), and optionally ``kl`` (per-token KL to the reference) and ``values`` (th
    ``dr_grpo``            ``r - mean(group)``                           (Dr. GRPO: no std)
    ``group_norm``         ``(r - mean(group)) / (std(group) + 1e-9)``   (GRPO; unbiased std)
    ``rloo``               ``r - (sum(group) - r) / (n - 1)``            (leave one out)
+   ``flash_reinforce``    ``r - mean(batch)``                           (FlashREINFORCE; no group)
    ``rft``                ``1``, whatever ``r``                         (rejection sampling)
    ==================== =====================================================================
+
+   Only the samples that are trained on enter these statistics: a sample dropped by the recipe
+   (judge or retrieval outage) or with no generated token is never part of a group's mean, std
+   or leave-one-out sum, on one machine (:func:`r3rag.train.rl.batch.select` leaves it out of the
+   batch) as on OpenRLHF (:mod:`r3rag.train.openrlhf.per_step` passes ``kept``). A group left
+   with fewer than two such samples gets no group baseline and no advantage from its reward.
+
+   **No division by a vanishing spread.** ``group_norm`` (and ``group_norm_split``) divide by a
+   group's std only when it is above ``min_std`` (:data:`MIN_STD`, ``algo.min_group_std``); a
+   group whose totals are equal or nearly so carries no signal, and its shaping is ``0``: scale
+   0, shift 0, so every reward of it, step rewards included, counts zero. Without the guard, equal
+   totals with different step rewards would multiply the step rewards by ``1 / 1e-9``.
 
    ``rft`` is rejection-sampling fine-tuning (expert iteration: RFT, ReST-EM, RAFT). The
    selection (:func:`r3rag.train.rl.batch.select` with ``top_k``) keeps only the accepted, best
@@ -25,18 +38,24 @@ index), and optionally ``kl`` (per-token KL to the reference) and ``values`` (th
    policy's own successes. It never pushes a sample down.
 
    With an outcome reward (one number on the last generated token) this is exactly OpenRLHF's
-   shaped scalar. With per-step rewards the shaping is an affine map ``r -> a r - b`` applied
-   as: every step reward times ``a`` (``1/(std + 1e-9)`` for ``group_norm``, else 1), and ``-b``
-   added on the last generated token. The return at the first generated token is then the
-   shaped total, and a token's return still counts only the rewards ahead of it;
-2. optional clamp (``reward_clip``) of the placed rewards, then the per-token KL penalty
+   shaped scalar (outside the guard). With per-step rewards the shaping is an affine map
+   ``r -> a r - b`` applied as: every step reward times ``a`` (``1/(std + 1e-9)`` for
+   ``group_norm``, 0 under the guard, else 1), and ``-b`` added on the last generated token. The
+   return at the first generated token is then the shaped total, and a token's return still
+   counts only the rewards ahead of it (OpenRLHF's hook does the same, see
+   :mod:`r3rag.train.openrlhf.per_step`);
+2. clamp (``reward_clip``, default ``(-10, 10)`` as OpenRLHF's ``--reward.clip_range``) of each
+   placed reward, then the per-token KL penalty
    ``-kl_coef * kl`` on every generated token when the KL is in the reward (``compute_reward``);
 3. returns: ``reinforce``-family: discounted cumulative sum of the token rewards; ``gae``:
    generalised advantage estimation with the critic's values (returns = advantages + values).
    Both run **over generated tokens only**: documents inside a trajectory are skipped, they do
-   not count as time steps. (OpenRLHF discounts over every response position; the two agree
-   whenever ``gamma = lambd = 1`` or the generated tokens are contiguous.)
-   ``rloo``, ``reinforce_baseline``, ``group_norm`` and ``dr_grpo`` force ``gamma = 1`` (as OpenRLHF);
+   not count as time steps, so a retrieved document of 5 or 300 tokens changes no advantage.
+   (Stock OpenRLHF discounts over every response position, so each document token would decay
+   the advantage by ``gamma * lambd``; :mod:`r3rag.train.openrlhf.per_step` runs OpenRLHF's own
+   recursions on the generated tokens alone, so the cluster follows this definition too.)
+   ``rloo``, ``reinforce_baseline``, ``group_norm``, ``dr_grpo`` and ``flash_reinforce`` force
+   ``gamma = 1`` (as OpenRLHF);
 4. batch normalisation of advantages over all generated tokens of the batch for ``gae``,
    ``reinforce`` and ``reinforce_baseline``: ``(A - mean) / sqrt(max(var, 1e-8))`` (mean only with
    ``no_std_norm``). Prompt, document and padding positions take no part in the statistics.
@@ -56,7 +75,8 @@ supervision) and reaches that step's tokens only::
 
     A(t) = (o_i - mean_g(o)) / (std_g(o) + 1e-9)  +  [t in query step k] (p_ik - mean_g(p)) / (std_g(p) + 1e-9)
 
-(unbiased std, as ``group_norm``). It needs the batch's step layout (``step_table``,
+(unbiased std, as ``group_norm``, with the same guard: a spread of at most ``min_std`` gives 0).
+It needs the batch's step layout (``step_table``,
 ``query_steps``, ``step_id``, see :class:`r3rag.train.rl.batch.RolloutBatch`). With an outcome-only
 recipe it is ``group_norm``. The raw scale of the process reward (``process_weight``) no longer
 matters, only its order within the group.
@@ -71,7 +91,11 @@ import torch
 
 GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "rloo", "dr_grpo", "group_norm_split")
 BATCH_NORMALISED = ("gae", "reinforce", "reinforce_baseline")
-UNDISCOUNTED = GROUP_ESTIMATORS + ("rft",)  # gamma forced to 1
+UNDISCOUNTED = GROUP_ESTIMATORS + ("rft", "flash_reinforce")  # gamma forced to 1
+#: a group std at or below this is no spread (``algo.min_group_std``; the guard of the module docstring)
+MIN_STD = 1e-3
+#: OpenRLHF's ``--reward.clip_range`` default, also ours (``algo.reward_clip``)
+REWARD_CLIP = (-10.0, 10.0)
 
 
 @dataclass
@@ -94,45 +118,90 @@ def _group_stats(r: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, to
     return mean[group], std[group], total[group], count[group]
 
 
-def _none(r: torch.Tensor, group: torch.Tensor) -> Shaping:
+def inverse_spread(std: torch.Tensor, min_std: float = MIN_STD) -> torch.Tensor:
+    """``1 / (std + 1e-9)`` where ``std > min_std``, else 0 (no spread: no signal; never ``1/1e-9``).
+
+    >>> inverse_spread(torch.tensor([0.5, 1e-4, 0.0])).tolist()
+    [2.0, 0.0, 0.0]
+    """
+    return torch.where(std > min_std, 1.0 / (std + 1e-9), torch.zeros_like(std))
+
+
+def _none(r: torch.Tensor, group: torch.Tensor, min_std: float) -> Shaping:
     return Shaping(torch.ones_like(r), torch.zeros_like(r))
 
 
-def _mean_baseline(r: torch.Tensor, group: torch.Tensor) -> Shaping:
+def _mean_baseline(r: torch.Tensor, group: torch.Tensor, min_std: float) -> Shaping:
     mean, _, _, _ = _group_stats(r, group)
     return Shaping(torch.ones_like(r), mean)
 
 
-def _group_norm(r: torch.Tensor, group: torch.Tensor) -> Shaping:
+def _batch_mean_baseline(r: torch.Tensor, group: torch.Tensor, min_std: float) -> Shaping:
+    return Shaping(torch.ones_like(r), r.mean().expand_as(r) if r.numel() else torch.zeros_like(r))
+
+
+def _group_norm(r: torch.Tensor, group: torch.Tensor, min_std: float) -> Shaping:
     mean, std, _, _ = _group_stats(r, group)
-    scale = 1.0 / (std + 1e-9)
+    scale = inverse_spread(std, min_std)
     return Shaping(scale, mean * scale)
 
 
-def _imitate(r: torch.Tensor, group: torch.Tensor) -> Shaping:
+def _imitate(r: torch.Tensor, group: torch.Tensor, min_std: float) -> Shaping:
     """Every kept sample's total becomes 1: step rewards times 0, ``+1`` on the last generated token."""
     return Shaping(torch.zeros_like(r), -torch.ones_like(r))
 
 
-def _rloo(r: torch.Tensor, group: torch.Tensor) -> Shaping:
+def _rloo(r: torch.Tensor, group: torch.Tensor, min_std: float) -> Shaping:
     _, _, total, count = _group_stats(r, group)
     return Shaping(torch.ones_like(r), (total - r) / (count - 1).clamp(min=1))
 
 
-#: estimator name -> group shaping of the total reward
-ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], Shaping]] = {
+#: estimator name -> group shaping of the total reward ``(r, group, min_std) -> Shaping``
+ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor, float], Shaping]] = {
     "reinforce": _none,
     "reinforce_baseline": _mean_baseline,
     "group_norm": _group_norm,
     "rloo": _rloo,
     "dr_grpo": _mean_baseline,
+    "flash_reinforce": _batch_mean_baseline,
     "gae": _none,
     "rft": _imitate,
 }
 
 
+def shaping(estimator: str, totals: torch.Tensor, group: torch.Tensor, kept: torch.Tensor | None = None,
+            min_std: float = MIN_STD) -> Shaping:
+    """Step 1 of the pipeline for both paths: each sample's ``(scale, shift)`` (all ``(B,)``).
+
+    Statistics come from the ``kept`` samples only (default: all); a sample not kept, and every
+    sample of a group with fewer than two kept ones under a group estimator, gets scale 0 and
+    shift 0. ``flash_reinforce`` takes the whole batch as one group.
+
+    >>> sh = shaping("rloo", torch.tensor([1.0, 0.0, 0.0, 5.0]), torch.zeros(4, dtype=torch.long),
+    ...              kept=torch.tensor([True, True, True, False]))
+    >>> [round(x, 3) for x in (torch.tensor([1.0, 0.0, 0.0, 5.0]) * sh.scale - sh.shift).tolist()]
+    [1.0, -0.5, -0.5, 0.0]
+    """
+    totals = totals.float()
+    B = totals.numel()
+    kept = torch.ones(B, dtype=torch.bool) if kept is None else kept.bool()
+    scale, shift = torch.zeros(B), torch.zeros(B)
+    idx = kept.nonzero().squeeze(1)
+    if idx.numel() == 0:
+        return Shaping(scale, shift)
+    g = torch.zeros(B, dtype=torch.long) if estimator == "flash_reinforce" else group.long()
+    _, inv = torch.unique(g[idx], return_inverse=True)
+    sh = ESTIMATORS[estimator](totals[idx], inv, min_std)
+    scale[idx], shift[idx] = sh.scale, sh.shift
+    if estimator in GROUP_ESTIMATORS:
+        count = torch.zeros(int(inv.max()) + 1).index_add_(0, inv, torch.ones(idx.numel()))
+        lonely = idx[count[inv] < 2]
+        scale[lonely], shift[lonely] = 0.0, 0.0
+    return Shaping(scale, shift)
+
+
 def split_group_norm(step_table: torch.Tensor, query_steps: torch.Tensor, step_id: torch.Tensor,
-                     action_mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+                     action_mask: torch.Tensor, group: torch.Tensor, min_std: float = MIN_STD) -> torch.Tensor:
     """``group_norm_split``'s advantages ``(B, L)`` (formula in the module docstring).
 
     ``step_table`` ``(B, S)``: each step's reward; ``query_steps`` ``(B, S)`` bool: the steps whose
@@ -150,7 +219,7 @@ def split_group_norm(step_table: torch.Tensor, query_steps: torch.Tensor, step_i
     query = query_steps.bool()
     outcome = (step_table * ~query).sum(dim=1)  # (B,)
     mean, std, _, _ = _group_stats(outcome, group)
-    a_out = (outcome - mean) / (std + 1e-9)  # (B,)
+    a_out = (outcome - mean) * inverse_spread(std, min_std)  # (B,)
     G = int(group.max()) + 1 if group.numel() else 0
     g = group[:, None].expand(B, S)[query]  # (Q,) the group of every query step
     p = step_table[query]  # (Q,)
@@ -158,7 +227,7 @@ def split_group_norm(step_table: torch.Tensor, query_steps: torch.Tensor, step_i
     p_mean = torch.zeros(G, dtype=p.dtype).index_add_(0, g, p) / count.clamp(min=1)
     p_var = torch.zeros(G, dtype=p.dtype).index_add_(0, g, (p - p_mean[g]) ** 2) / (count - 1).clamp(min=1)
     a_proc = torch.zeros(B, S, dtype=p.dtype)
-    a_proc[query] = (p - p_mean[g]) / (p_var[g].sqrt() + 1e-9)
+    a_proc[query] = (p - p_mean[g]) * inverse_spread(p_var[g].sqrt(), min_std)
     per_token = a_proc.gather(1, step_id.clamp(min=0)) * (step_id >= 0)  # (B, L)
     return (a_out[:, None] + per_token) * action_mask
 
@@ -176,18 +245,25 @@ def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:
     return L - 1 - action_mask.long().fliplr().argmax(dim=1)
 
 
-def shaped_rewards(step_rewards: torch.Tensor, action_mask: torch.Tensor, group: torch.Tensor, estimator: str,
-                   reward_clip: tuple[float, float] | None = None) -> torch.Tensor:
-    """Step 1-2a of the pipeline: group shaping and clamping of the placed rewards, ``(B, L)``."""
-    r = step_rewards.sum(dim=1)
-    sh = ESTIMATORS[estimator](r, group)
-    out = step_rewards * sh.scale[:, None]
+def apply_shaping(placed: torch.Tensor, action_mask: torch.Tensor, sh: Shaping,
+                  reward_clip: tuple[float, float] | None = REWARD_CLIP) -> torch.Tensor:
+    """Step 1-2a on placed rewards ``(B, L)`` (their row sum is each sample's total): every reward
+    times ``scale``, ``-shift`` on the last generated token, then each non-zero position clamped to
+    ``reward_clip`` (None: no clamp). Shared by both paths (OpenRLHF's via the per-step hook)."""
+    out = placed.float() * sh.scale[:, None]
     last = last_action_index(action_mask)
     out[torch.arange(out.size(0)), last] -= sh.shift
     if reward_clip is not None:
         nz = out != 0
         out = torch.where(nz, out.clamp(min=reward_clip[0], max=reward_clip[1]), out)
     return out
+
+
+def shaped_rewards(step_rewards: torch.Tensor, action_mask: torch.Tensor, group: torch.Tensor, estimator: str,
+                   reward_clip: tuple[float, float] | None = REWARD_CLIP, min_std: float = MIN_STD) -> torch.Tensor:
+    """Step 1-2a of the pipeline: group shaping and clamping of the placed rewards, ``(B, L)``."""
+    sh = shaping(estimator, step_rewards.sum(dim=1), group, min_std=min_std)
+    return apply_shaping(step_rewards, action_mask, sh, reward_clip)
 
 
 def token_rewards(shaped: torch.Tensor, action_mask: torch.Tensor, kl: torch.Tensor | None, kl_coef: float) -> torch.Tensor:
@@ -258,11 +334,13 @@ def compute_advantages(
     gamma: float = 1.0,
     lambd: float = 1.0,
     no_std_norm: bool = False,
-    reward_clip: tuple[float, float] | None = None,
+    reward_clip: tuple[float, float] | None = REWARD_CLIP,
     step_layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    min_std: float = MIN_STD,
 ) -> Advantages:
     """The whole pipeline of the module docstring. ``step_layout`` = ``(step_table, query_steps,
-    step_id)`` of the batch, for the estimators of :data:`STEP_ESTIMATORS`."""
+    step_id)`` of the batch, for the estimators of :data:`STEP_ESTIMATORS`. Every row is a kept
+    sample (the single-machine batch holds only those)."""
     if estimator not in ALL_ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {', '.join(ALL_ESTIMATORS)}")
     action_mask = action_mask.float()
@@ -271,9 +349,9 @@ def compute_advantages(
             raise ValueError(f"estimator {estimator} needs the batch's step layout")
         if kl is not None and kl_coef > 0:
             raise ValueError(f"estimator {estimator} takes no KL in the reward: set algo.kl_use_loss=true")
-        adv = STEP_ESTIMATORS[estimator](*step_layout, action_mask, group)
+        adv = STEP_ESTIMATORS[estimator](*step_layout, action_mask, group, min_std=min_std)
         return Advantages(adv, adv.clone(), step_rewards.float() * action_mask)
-    shaped = shaped_rewards(step_rewards.float(), action_mask, group, estimator, reward_clip)
+    shaped = shaped_rewards(step_rewards.float(), action_mask, group, estimator, reward_clip, min_std)
     rewards = token_rewards(shaped, action_mask, None if kl is None else kl.float(), kl_coef)
     if estimator == "gae":
         if values is None:

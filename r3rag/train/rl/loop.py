@@ -625,7 +625,7 @@ class RLTrainer:
         adv = compute_advantages(
             a.estimator, batch.step_rewards, mask, batch.group, kl=kl, kl_coef=0.0 if a.kl_use_loss else a.kl_coef,
             values=values, gamma=a.gamma, lambd=a.lambd, no_std_norm=a.no_std_norm, reward_clip=a.reward_clip,
-            step_layout=batch.step_layout,
+            step_layout=batch.step_layout, min_std=a.min_group_std,
         )
         t1 = time.perf_counter()
         times["time/forward"] = t1 - t0

@@ -10,7 +10,9 @@ part in any loss and receive exactly zero gradient through it.
   ``ratio = exp(clamp(logp - old_logp, -20, 20))``, the loss ``-min(ratio A, clip(ratio) A)``;
 - :func:`approx_kl`: Schulman's estimators of KL(policy || reference) per token:
   ``k1 = log r``, ``k2 = (log r)^2 / 2``, ``k3 = exp(-log r) - 1 + log r`` with
-  ``log r = logp - ref_logp``, clamped to [-10, 10] (used in the reward or as a loss term);
+  ``log r = logp - ref_logp``, clamped to [-10, 10] (used in the reward or as a loss term); k3
+  clamps ``log r`` at -10 before ``exp`` (as OpenRLHF): below that k3 is past the cap anyway, and
+  ``exp(89)`` overflows float32, whose infinite derivative times the clamp's zero is a NaN gradient;
 - :func:`value_loss`: ``0.5 * max((V_clip - R)^2, (V - R)^2)`` (clipped around the rollout's values);
 - :func:`entropy_from_logits`: the entropy of the sampling distribution (a bonus when its
   coefficient is > 0).
@@ -87,7 +89,8 @@ def approx_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1")
     elif estimator == "k2":
         kl = lr**2 / 2.0
     elif estimator == "k3":
-        kl = (-lr).exp() - 1 + lr
+        lr3 = lr.clamp(min=-10)
+        kl = (-lr3).exp() - 1 + lr3
     else:
         raise ValueError(f"unknown KL estimator {estimator!r}; choose k1, k2 or k3")
     return kl.clamp(min=-10, max=10)
