@@ -6,9 +6,9 @@ usage() {
     cat <<'USAGE'
 usage: bash benchmark/gpu_checks.sh [--tiny] [RESULTS_DIR] [-- FLAGS FOR benchmark/gpu_training.py]
 
-On one H100 or H200 (about 8 minutes; docs/results/gpu_checks.md has the cost model and the sizing):
+On one H100 or H200 (6-9 minutes; docs/results/gpu_checks.md has the cost model and the sizing):
   1. checks that the project's python has CUDA torch and sees a GPU (exit 3 with one line if not);
-  2. benchmark/gpu_training.py --device cuda: world -> cold start -> SFT -> RL (16 x 8 trajectories
+  2. benchmark/gpu_training.py --device cuda: world -> cold start -> SFT -> RL (8 x 8 trajectories
      per iteration, 2 minutes) -> evaluation of the prompted base, SFT, RL and RL's null control on
      the same 300 held-out dev questions: SFT - base, RL - SFT and RL - null control with 95% intervals;
   3. with GPU_CHECKS_TESTS=1, the tests marked `gpu` (about 45 s more).
@@ -21,7 +21,7 @@ summary.json, versions.txt, nvidia-smi.txt, gpu_training.log, the RL metrics and
 
 Environment: PYTHON (default: .venv/bin/python of the checkout), GPU_TRAINING_WORK (work folder,
 default runs/gpu-training, runs/gpu-training-tiny with --tiny; a rerun reuses its finished stages),
-GPU_TRAINING_TIMEOUT (seconds, default 480), GPU_CHECKS_TESTS (1: also run the gpu tests),
+GPU_TRAINING_TIMEOUT (seconds, default 540), GPU_CHECKS_TESTS (1: also run the gpu tests),
 GPU_TESTS_TIMEOUT (default 150).
 
 Examples:
@@ -96,7 +96,7 @@ else
 fi
 start=$(date +%s)
 rc=0
-timeout -s INT -k 20 "${GPU_TRAINING_TIMEOUT:-480}" "$PY" benchmark/gpu_training.py --work "$WORK" "${FLAGS[@]}" \
+timeout -s INT -k 20 "${GPU_TRAINING_TIMEOUT:-540}" "$PY" benchmark/gpu_training.py --work "$WORK" "${FLAGS[@]}" \
     ${EXTRA[@]+"${EXTRA[@]}"} > "$RES/gpu_training.log" 2>&1 || rc=$?
 cp "$WORK/summary.json" "$RES/" 2>/dev/null || true
 cp "$WORK/rl/metrics.jsonl" "$WORK/rl/eval_report.json" "$RES/" 2>/dev/null || true
@@ -105,7 +105,7 @@ grep "^\[gpu_training" "$RES/gpu_training.log" | tail -n 30 || true
 if [ "$rc" != 0 ]; then
     why=$("$PY" -c 'import json,sys; f=json.load(open(sys.argv[1])).get("failed") or {}; print("stage %s: %s" % (f["stage"], f["error"]) if f else "")' \
           "$WORK/summary.json" 2>/dev/null || true)
-    [ "$rc" = 124 ] || [ "$rc" = 130 ] && why="ran past GPU_TRAINING_TIMEOUT=${GPU_TRAINING_TIMEOUT:-480} s${why:+ ($why)}"
+    [ "$rc" = 124 ] || [ "$rc" = 130 ] && why="ran past GPU_TRAINING_TIMEOUT=${GPU_TRAINING_TIMEOUT:-540} s${why:+ ($why)}"
     [ -n "$why" ] || why="$(grep -v '^\[gpu_training' "$RES/gpu_training.log" | tail -n 1)"
     fail "gpu_training exited $rc after $(( $(date +%s) - start )) s: $why (log: $RES/gpu_training.log)"
 fi

@@ -29,10 +29,10 @@ timed; the first that fails ends the run with exit status 1, its name and error 
    control on the same ``--eval-limit`` dev questions after the first ``--eval-skip`` (the
    quickstart's positions 301-600), one batch each, through :mod:`r3rag.evaluation.runner`.
 
-The batch size follows the cost model in docs/results/gpu_checks.md: 16 x 8 = 128 trajectories per
-iteration (about 10-15 s on an H100/H200 by the model), so that a 2-minute time box holds about 8
-iterations; the last GPU run's 64 x 8 did not finish one iteration in 225 s (a per-row host
-synchronisation in the sampler, fixed since).
+The batch size follows the cost model in docs/results/gpu_checks.md: 8 x 8 = 64 trajectories per
+iteration, 32 per optimizer step, about 12-22 s per iteration on an H100/H200 by the model, so
+that the 2-minute time box holds 5-10 iterations (10-20 optimizer steps) even if the model's
+pessimistic end holds; the last GPU run's 64 x 8 did not finish one iteration in 225 s.
 
 ``WORK/summary.json`` gets the stage times, the SFT loss, the RL iterations and phase times, the
 training reward before and after, and on the held-out questions SFT - base (paired), RL - SFT
@@ -285,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-steps", type=int, default=150, help="SFT optimizer steps (default: %(default)s)")
     p.add_argument("--sft-batch", type=int, default=2, help="chains per SFT step (default: %(default)s)")
     p.add_argument("--sft-lr", type=float, default=2e-4, help="SFT peak learning rate (default: %(default)s)")
-    p.add_argument("--questions-per-iter", type=int, default=16, help="RL prompts per iteration (default: %(default)s)")
+    p.add_argument("--questions-per-iter", type=int, default=8, help="RL prompts per iteration (default: %(default)s)")
     p.add_argument("--n-samples", type=int, default=8, help="RL samples per prompt (default: %(default)s)")
-    p.add_argument("--train-batch", type=int, default=64, help="trajectories per RL optimizer step (default: %(default)s)")
+    p.add_argument("--train-batch", type=int, default=32, help="trajectories per RL optimizer step (default: %(default)s)")
     p.add_argument("--micro-batch-tokens", type=int, default=8192,
                    help="padded tokens per forward/backward (default: %(default)s; 32768 ran out of memory on an H200)")
     p.add_argument("--rl-minutes", type=float, default=2.0, help="RL training budget in minutes (default: %(default)s)")
