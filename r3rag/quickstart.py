@@ -9,7 +9,8 @@ intervals what each stage bought:
              chains are kept as SFT data                              WORK/coldstart
   sft        fine-tune SmolLM2-135M-Instruct on them (LLaMA-Factory)  WORK/sft
   rl         RL from the SFT checkpoint                               WORK/rl
-  eval       base, SFT and RL on the same held-out questions          WORK/eval/<run>
+  eval       base, SFT, RL and RL's null control on the same
+             held-out questions                                       WORK/eval/<run>
   report     table with 95% CIs, paired differences, RL curves,
              two questions before/after training, the claims         WORK/report
 
@@ -31,7 +32,8 @@ Examples:
 
 Exit status: 0 done; 2 a bad flag, config or input; 3 a stage produced nothing usable (no
 cold-start data kept, SFT loss not falling, RL reward flat with every group filtered); 4 with
---require-claims, SFT did not beat the base or RL did not beat SFT.
+--require-claims, a learning claim did not hold (SFT beat the base; RL moved its training reward
+and did no harm beyond its null control).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--methods", default=None, help="prompted base methods, comma-separated (eval.base_methods)")
     p.add_argument("--model", default=None, help="base model (model.base): 'smollm2', a folder or a .gguf")
     p.add_argument("--threads", type=int, default=None, help="torch threads in this process")
-    p.add_argument("--require-claims", action="store_true", help=f"exit {EXIT_CLAIMS} unless SFT > base and RL > SFT")
+    p.add_argument("--require-claims", action="store_true", help=f"exit {EXIT_CLAIMS} unless every learning claim holds")
     return p
 
 

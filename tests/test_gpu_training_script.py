@@ -53,26 +53,50 @@ def test_sft_loss_is_the_mean_cross_entropy_of_the_trained_tokens_only():
 
 
 @pytest.mark.slow
-def test_the_tiny_run_goes_through_every_stage_and_pairs_its_two_evaluations(tmp_path):
+def test_the_tiny_run_goes_through_every_stage_and_its_figures_are_the_rows(tmp_path):
     gt = _script()
     work = tmp_path / "gpu"
-    assert gt.main(["--work", str(work), "--device", "cpu", "--tiny", "--threads", "1", "--bootstrap", "200"]) == 0
+    args = ["--work", str(work), "--device", "cpu", "--tiny", "--threads", "1", "--bootstrap", "200"]
+    assert gt.main(args) == 0
     s = json.loads((work / "summary.json").read_text())
-    assert set(s["seconds"]) == {"world+index", "coldstart", "sft", "rl"}
-    assert s["coldstart"]["kept"] > 0
+    assert list(s["seconds"]) == ["world+index", "coldstart", "sft", "rl", "null-control", "eval"]
+    assert "failed" not in s and s["coldstart"]["kept"] > 0
     assert s["sft"]["steps"] == 3 and len(s["sft"]["losses"]) == 3
     assert (work / "sft" / "config.json").is_file()
-    assert s["rl"]["evaluations"] == ["step_000000.jsonl", "step_000001.jsonl"]
-    assert s["rl"]["iterations"] == 1
-    rows = [[json.loads(x) for x in (work / "rl" / "eval" / name).read_text().splitlines()] for name in s["rl"]["evaluations"]]
-    before = {r["id"]: r["scores"]["em"] for r in rows[0]}
-    after = {r["id"]: r["scores"]["em"] for r in rows[1]}
-    assert len(before) == len(after) == 4
-    diff = s["rl"]["rl_minus_sft"]["em"]
-    assert diff["n"] == 4
-    assert diff["diff"] == pytest.approx(100 * sum(after[i] - before[i] for i in before) / 4)
+    assert s["rl"]["iterations"] == 1 and s["rl"]["optimizer_steps"] >= 1
+    # RL's own check: its first training questions, before and after, each row with its reward
+    checks = [[json.loads(x) for x in p.read_text().splitlines()] for p in sorted((work / "rl" / "eval").glob("step_*.jsonl"))]
+    train_ids = {json.loads(x)["id"] for x in (work / "world" / "train.jsonl").read_text().splitlines()}
+    assert len(checks) == 2 and all(len(c) == 2 and {r["id"] for r in c} <= train_ids for c in checks)
+    assert s["rl"]["reward_check"]["n"] == 2
+    assert s["rl"]["reward_check"]["diff"] == pytest.approx(sum(a["reward"] - b["reward"] for a, b in zip(*checks[::-1])) / 2,
+                                                            abs=1e-4)
+    # four evaluations on the same held-out dev questions; each figure is computed from their rows
+    rows = {k: {r["id"]: r["scores"]["em"] for r in (json.loads(x) for x in (work / "eval" / k / "predictions.jsonl")
+                                                     .read_text().splitlines())} for k in ("base", "sft", "rl", "null")}
+    dev = {json.loads(x)["id"] for x in (work / "world" / "dev.jsonl").read_text().splitlines()}
+    assert all(set(r) == set(rows["base"]) and len(r) == 4 and set(r) <= dev for r in rows.values())
+    e = s["effects"]
+    for key, (b, a) in {"sft_vs_base": ("sft", "base"), "rl_vs_sft": ("rl", "sft"), "rl_vs_null": ("rl", "null")}.items():
+        assert e[key]["em"]["n"] == 4
+        assert e[key]["em"]["diff"] == pytest.approx(100 * sum(rows[b][i] - rows[a][i] for i in rows["base"]) / 4), key
+    # the null control is SFT moved by RL's update with random signs: |null - sft| == |rl - sft|
+    from r3rag.train.rl.update_noise import load_weights
+
+    w = {k: load_weights(work / p) for k, p in (("sft", "sft"), ("rl", "rl/final"), ("null", "rl/null-control"))}
+    assert all(torch.allclose((w["null"][k] - w["sft"][k]).abs(), (w["rl"][k] - w["sft"][k]).abs(), atol=1e-6) for k in w["sft"])
+    assert [c["name"] for c in e["claims"]] == ["sft_vs_base", "rl_training"]
+    assert s["figures"][1].startswith("SFT - base: ") and s["figures"][3].startswith("RL - null control: ")
     # a rerun skips the finished stages and answers the same
-    assert gt.main(["--work", str(work), "--device", "cpu", "--tiny", "--threads", "1", "--bootstrap", "200"]) == 0
+    assert gt.main(args) == 0
     again = json.loads((work / "summary.json").read_text())
-    assert again["rl"]["rl_minus_sft"] == s["rl"]["rl_minus_sft"]
-    assert again["sft"]["losses"] == s["sft"]["losses"]
+    assert again["effects"]["rl_vs_null"] == e["rl_vs_null"] and again["sft"]["losses"] == s["sft"]["losses"]
+
+
+def test_a_failing_stage_is_named_in_the_summary_and_raises(tmp_path):
+    gt = _script()
+    work = tmp_path / "gpu"
+    with pytest.raises(Exception):
+        gt.main(["--work", str(work), "--device", "cpu", "--tiny", "--threads", "1", "--coldstart-limit", "0"])
+    s = json.loads((work / "summary.json").read_text())
+    assert s["failed"]["stage"] == "coldstart" and "effects" not in s

@@ -41,7 +41,7 @@ world: {{seed: 0, size: tiny, clusters: 10, questions_per_cluster: {questions}}}
 model: {{base: {model}}}
 coldstart: {{script: {STANDINS / 'coldstart.py'}, config: null, limit: 6}}
 sft: {{script: {STANDINS / "sft.py"}, config: null, out_arg: output_dir}}
-rl: {{script: {STANDINS / 'rl.py'}, config: null}}
+rl: {{script: {STANDINS / 'rl.py'}, config: null, reward_check: 4}}
 eval:
   limit: {questions}
   base_methods: [rag]
@@ -81,17 +81,31 @@ def test_every_stage_runs_and_its_outputs_load_in_the_next(tmp_path, tiny_model)
     # the SFT checkpoint is what RL started from, and each checkpoint is what its evaluation loaded
     assert (work / "sft" / "final" / "config.json").is_file() and (work / "rl" / "final" / "config.json").is_file()
     runs = {d.name: json.loads((d / "results.json").read_text()) for d in (work / "eval").iterdir()}
-    assert set(runs) == {"base-rag", "sft", "rl"}
+    assert set(runs) == {"base-rag", "sft", "rl", "rl-null"}
     assert runs["sft"]["model"] == str((work / "sft" / "final").resolve())
     assert runs["rl"]["model"] == str((work / "rl" / "final").resolve())
+    assert runs["rl-null"]["model"] == str((work / "rl" / "null-control").resolve())
     assert all(r_["n"] == 4 for r_ in runs.values())
     ids = [{row["id"] for row in jsonl(work / "eval" / name / "predictions.jsonl")} for name in runs]
-    assert ids[0] == ids[1] == ids[2]  # the same held-out questions
+    assert ids[0] == ids[1] == ids[2] == ids[3]  # the same held-out questions
+    # the null control is SFT moved by RL's update with a random sign per parameter: |null - sft| == |rl - sft|
+    from r3rag.train.rl.update_noise import load_weights
+
+    sft_w, rl_w, null_w = (load_weights(work / p) for p in ("sft/final", "rl/final", "rl/null-control"))
+    moved = [k for k in sft_w if not (rl_w[k] == sft_w[k]).all()]
+    assert moved and all(((null_w[k] - sft_w[k]).abs() - (rl_w[k] - sft_w[k]).abs()).abs().max() < 1e-6 for k in sft_w)
+    assert any((null_w[k] != rl_w[k]).any() for k in moved)
     dev = {q["id"] for q in jsonl(work / "world" / "dev.jsonl")}
     assert ids[0] <= dev
     md = (work / "report" / "quickstart.md").read_text()
     for needle in ("| base (rag, prompted) | 4 |", "| SFT | 4 |", "| RL | 4 |", "| SFT - base | 4 |", "| RL - SFT | 4 |",
-                   "SFT beat the prompted base:", "RL beat SFT:", "not the training run", "r3rag.evaluation.replicates",
+                   "| RL null control | 4 |", "| RL - null control | 4 |",
+                   "SFT beat the prompted base:", "goal +30 EM",
+                   "RL moved its training reward and did no harm beyond the null control: ",
+                   "- Held-out EM, RL - SFT: ", "- Held-out EM, RL - null control: ",
+                   "Training reward on 4 of RL's own training questions", "1.000 before, 1.750 after",
+                   "A held-out gain over SFT is not expected at this size and budget", "on 32 trajectories",
+                   "not the training run", "r3rag.evaluation.replicates",
                    "trained parameters moved", "on pure-noise gradients",  # the RL update against AdamW's noise walk
                    "![RL curves](rl_curves.png)", "| coldstart |",
                    "## Evidence found and answers read", "SFT -> RL, by whether each found every gold passage",
@@ -101,8 +115,14 @@ def test_every_stage_runs_and_its_outputs_load_in_the_next(tmp_path, tiny_model)
     assert html.count('class="r3-pair"') == 2 and "r3-final" in html and "before: base" in html and "after: RL" in html
     assert (work / "report" / "rl_curves.png").stat().st_size > 1000
     paired = json.loads((work / "report" / "paired.json").read_text())
-    assert set(paired) == {"sft_vs_base", "rl_vs_sft", "rl_vs_base"} and paired["rl_vs_sft"]["em"]["n"] == 4
-    assert "SFT beat the prompted base:" in r.stdout and "RL beat SFT:" in r.stdout
+    assert set(paired) == {"sft_vs_base", "rl_vs_sft", "rl_vs_base", "rl_vs_null"} and paired["rl_vs_sft"]["em"]["n"] == 4
+    assert "SFT beat the prompted base:" in r.stdout and "RL moved its training reward" in r.stdout
+    claims = {c["name"]: c for c in json.loads((work / "report" / "claims.json").read_text())}
+    assert set(claims) == {"sft_vs_base", "rl_training"} and claims["sft_vs_base"]["goal"] == 30.0
+    rl_claim = claims["rl_training"]
+    assert rl_claim["reward"]["n"] == 4 and rl_claim["reward"]["diff"] == 0.75
+    # the claim is what its two numbers say: the reward rose, and RL is not below the null control
+    assert rl_claim["holds"] == (rl_claim["reward"]["ci95"][0] > 0 and rl_claim["vs_null"]["ci95"][1] >= 0)
 
     # a rerun skips everything and rewrites the same report
     r2 = quickstart(preset)

@@ -118,9 +118,14 @@ def test_the_evaluation_runs_trained_checkpoints_before_the_gguf_base(tmp_path, 
     from r3rag.pipeline.state import PipelineState
 
     ctx = _ctx(tmp_path, stages=["world", "index", "sft", "rl", "eval"], eval={"base_methods": ["rag", "direct"]})
+    null = ctx.work / "rl" / "null-control"  # RL's null control, written by the RL stage
+    null.mkdir(parents=True)
+    (null / "config.json").write_text("{}")
+    (null / "model.safetensors").write_text("")
     for stage in ("sft", "rl"):
         (ctx.work / stage / "final").mkdir(parents=True)
-        PipelineState(ctx.work).mark_done(stage, "fp", {"checkpoint": str(ctx.work / stage / "final")}, 1.0)
+        PipelineState(ctx.work).mark_done(stage, "fp", {"checkpoint": str(ctx.work / stage / "final"),
+                                                        **({"null_control": str(null)} if stage == "rl" else {})}, 1.0)
     order: list[str] = []
 
     def fake_run_evaluation(cfg, out_dir):
@@ -130,9 +135,15 @@ def test_the_evaluation_runs_trained_checkpoints_before_the_gguf_base(tmp_path, 
     monkeypatch.setattr(runner, "run_evaluation", fake_run_evaluation)
     monkeypatch.setattr(stages, "retrieval_url", lambda ctx: "http://127.0.0.1:9")
     summary = stages.run_eval(ctx)
-    assert order == ["sft", "rl", "base-rag", "base-direct"]
-    assert list(summary["runs"]) == ["base-rag", "base-direct", "sft", "rl"]  # the table's order
+    assert order == ["sft", "rl", "rl-null", "base-rag", "base-direct"]
+    assert list(summary["runs"]) == ["base-rag", "base-direct", "sft", "rl", "rl-null"]  # the table's order
     assert summary["runs"]["rl"]["model"] == str(ctx.work / "rl" / "final")
+    assert summary["runs"]["rl-null"]["model"] == str(null) and summary["runs"]["rl-null"]["role"] == "rl_null"
+    # redoing RL drops its null control's evaluation too, not the base model's
+    for name in order:
+        (ctx.work / "eval" / name).mkdir(parents=True, exist_ok=True)
+    stages.reset_eval(ctx, {"rl"})
+    assert sorted(p.name for p in (ctx.work / "eval").iterdir()) == ["base-direct", "base-rag", "sft"]
 
 
 def test_a_stage_whose_inputs_are_missing_is_one_clear_error(tmp_path):
@@ -149,13 +160,15 @@ def test_evaluating_a_checkpoint_that_was_never_trained_names_both_ways_out(tmp_
     from r3rag.pipeline.state import PipelineState
 
     ctx = _ctx(tmp_path, stages=["world", "index", "sft", "rl", "eval"], eval={"base_methods": ["rag"]})
-    assert [r["name"] for r in eval_runs(ctx)] == ["base-rag", "sft", "rl"]
+    assert [r["name"] for r in eval_runs(ctx)] == ["base-rag", "sft", "rl", "rl-null"]
     sft = ctx.work / "sft" / "final"
     sft.mkdir(parents=True)
     PipelineState(ctx.work).mark_done("sft", "fp", {"checkpoint": str(sft)}, 1.0)
     assert checkpoint_of(ctx, "sft") == str(sft)
     with pytest.raises(ConfigError, match=r"no rl checkpoint .*--stages rl first.*--set rl\.enabled=false"):
         checkpoint_of(ctx, "rl")
+    with pytest.raises(ConfigError, match=r"no rl checkpoint"):  # RL's null control needs RL
+        checkpoint_of(ctx, "rl_null")
     ctx.cfg.rl.enabled = False  # what --set rl.enabled=false does: RL leaves the evaluation
     assert [r["name"] for r in eval_runs(ctx)] == ["base-rag", "sft"]
 

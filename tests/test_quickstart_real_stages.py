@@ -159,5 +159,13 @@ def test_the_real_stages_run_resume_after_sigkill_and_feed_each_other(tmp_path, 
         ids = [x["id"] for x in jsonl(work / "eval" / name / "predictions.jsonl")]
         assert len(ids) == len(set(ids)) == 4, name
     md = (work / "report" / "quickstart.md").read_text()
-    assert "| SFT | 4 |" in md and "| RL | 4 |" in md and "RL beat SFT:" in md
+    assert "| SFT | 4 |" in md and "| RL | 4 |" in md and "| RL null control | 4 |" in md
+    assert "RL moved its training reward and did no harm beyond the null control:" in md
+    # RL's own check ran on its own first training questions, each row scored by its reward recipe
+    train_ids = {x["id"] for x in jsonl(work / "world" / "train.jsonl")}
+    checked = [jsonl(p) for p in sorted((work / "rl" / "eval").glob("step_*.jsonl"))]
+    assert len(checked) == 2 and [r_["id"] for r_ in checked[0]] == [r_["id"] for r_ in checked[1]]
+    assert len(checked[0]) == 2 and {r_["id"] for r_ in checked[0]} <= train_ids
+    assert all(isinstance(r_["reward"], float) for rows in checked for r_ in rows)
+    assert "Training reward on 2 of RL's own training questions" in md
     assert (work / "report" / "rl_curves.png").is_file() and (work / "report" / "examples.html").is_file()

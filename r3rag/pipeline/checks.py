@@ -11,9 +11,12 @@ non-zero with the reason):
 - RL: a checkpoint exists, and the run was not *both* flat in reward and filtered to nothing
   (every group dropped by dynamic filtering in every iteration means no gradient ever flowed).
 
-The learning claims (:func:`claims`) are read off the paired differences of the report: "SFT beat
-the base" holds when the paired 95% interval of EM(SFT) - EM(base) lies above zero, likewise RL
-over SFT.
+The learning claims are read off the report's paired differences. "SFT beat the base"
+(:func:`claim`) holds when the paired 95% interval of EM(SFT) - EM(base) lies above zero; its goal
+(+30 EM) is stated beside it, met or not. RL's claim (:func:`rl_claim`) is the one a 15-minute CPU
+run can settle: "RL moved its training reward (on its own questions, paired, before and after)
+and did no harm beyond the null control" (held-out EM of RL minus a random-sign copy of the same
+update, :func:`r3rag.train.rl.update_noise.random_sign_update`). RL - SFT is reported, not claimed.
 """
 
 from __future__ import annotations
@@ -154,9 +157,26 @@ def check_rl(out: Path, require_signal: bool = True) -> dict[str, Any]:
     curves = sorted(str(p) for p in out.rglob("*.png"))
     trend = f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} over {len(rewards)} iterations" if rewards else "no reward logged"
     note = " (flat, every group filtered: no signal)" if flat and all_filtered else ""
+    check = reward_check(ckpt.parent)
+    if check is not None:
+        note += (f"; training reward on {check['n']} of its own questions {check['before']:.3f} -> {check['after']:.3f} "
+                 f"({check['diff']:+.3f} [{check['ci95'][0]:+.3f}, {check['ci95'][1]:+.3f}])")
     return {"dir": str(out), "checkpoint": str(ckpt), "rewards": [round(float(x), 4) for x in rewards],  # type: ignore[arg-type]
+            "trajectories": int(sum(float(r.get("batch/trajectories") or 0) for r in rows)),
             "curves": curves, "no_signal": flat and all_filtered, "line": f"{ckpt.name}: {trend}{note}",
-            "update": rl_update_summary(ckpt.parent)}
+            "update": rl_update_summary(ckpt.parent), "reward_check": check}
+
+
+def reward_check(run: Path) -> dict[str, Any] | None:
+    """The training reward on RL's own questions before and after training, paired
+    (:func:`r3rag.train.rl.evaluate.paired_reward` of the run's first and last evaluation, when
+    their rows carry a ``reward``: ``eval.questions: training``); None otherwise."""
+    from r3rag.train.rl.evaluate import paired_reward
+
+    evals = sorted((run / "eval").glob("step_*.jsonl")) if (run / "eval").is_dir() else []
+    if len(evals) < 2:
+        return None
+    return paired_reward(read_jsonl(evals[0]), read_jsonl(evals[-1]))
 
 
 def rl_update_summary(run: Path) -> dict[str, Any] | None:
@@ -173,6 +193,48 @@ def rl_update_summary(run: Path) -> dict[str, Any] | None:
 
 # --- the learning claims -------------------------------------------------------------------------
 
+#: why the quickstart's RL is not expected to beat SFT on held-out questions (the report says it)
+NO_HELD_OUT_GAIN = ("A held-out gain over SFT is not expected at this size and budget: the published RL gains over SFT "
+                    "on multi-hop QA come from models of 1.5B parameters or more trained on about 10^4 trajectories, "
+                    "and this stage trains a {params} model on {trajectories} trajectories.")
+
+
+def rl_claim(reward: dict[str, Any] | None, vs_null: dict[str, Any] | None) -> dict[str, Any]:
+    """"RL moved its training reward and did no harm beyond the null control".
+
+    ``reward``: the training reward on RL's own questions, after - before, paired
+    (:func:`reward_check`); ``vs_null``: held-out EM of RL minus its null control (the random-sign
+    copy of the same update), with its 95% interval. Holds when the reward's interval lies above
+    zero and RL - null control's does not lie below zero; ``None`` (not measured) when either is
+    missing.
+
+    >>> up = {"n": 32, "before": 1.0, "after": 1.4, "diff": 0.4, "ci95": [0.1, 0.7]}
+    >>> level = {"diff": -1.0, "ci95": [-4.0, 2.0], "n": 300}
+    >>> rl_claim(up, level)["holds"], rl_claim(up, {**level, "ci95": [-6.0, -0.5]})["holds"]
+    (True, False)
+    >>> rl_claim({**up, "ci95": [-0.1, 0.7]}, level)["holds"], rl_claim(None, level)["holds"]
+    (False, None)
+    """
+    name = "rl_training"
+    head = "RL moved its training reward and did no harm beyond the null control"
+    if reward is None or vs_null is None:
+        missing = " and ".join(w for w, v in (("the training reward before and after", reward),
+                                               ("the null control", vs_null)) if v is None)
+        return {"name": name, "holds": None, "text": f"{head}: not measured ({missing} missing)"}
+    (rlo, rhi), (nlo, nhi) = reward["ci95"], vs_null["ci95"]
+    moved, harmless = rlo > 0, nhi >= 0
+    why = []
+    if not moved:
+        why.append("the reward did not rise (its interval includes zero)" if rhi >= 0 else "the reward fell")
+    if not harmless:
+        why.append("RL is below the null control")
+    verdict = "yes" if moved and harmless else "no: " + "; ".join(why)
+    text = (f"{head}: {verdict} (training reward on {reward['n']} of its own questions {reward['before']:.3f} -> "
+            f"{reward['after']:.3f}, paired {reward['diff']:+.3f} [{rlo:+.3f}, {rhi:+.3f}]; held-out EM RL - null "
+            f"control {vs_null['diff']:+.1f} [{nlo:+.1f}, {nhi:+.1f}], n={vs_null['n']})")
+    return {"name": name, "holds": moved and harmless, "reward": reward, "vs_null": vs_null, "text": text}
+
+
 
 def claim(name: str, better: str, worse: str, diff: dict[str, Any] | None, goal: float | None = None) -> dict[str, Any]:
     """One claim from a paired EM difference ``better - worse``."""
@@ -182,8 +244,11 @@ def claim(name: str, better: str, worse: str, diff: dict[str, Any] | None, goal:
     holds = lo > 0
     verdict = "yes" if holds else ("no: the interval includes zero" if hi >= 0 else "no: it is worse")
     goal_txt = ""
+    goal_met = None
     if goal is not None:
-        goal_txt = f"; goal +{goal:g} EM {'met' if diff['diff'] >= goal else 'not met'}"
+        goal_met = diff["diff"] >= goal
+        goal_txt = f"; goal +{goal:g} EM {'met' if goal_met else 'not met'}"
     text = (f"{better} beat {worse}: {verdict} (EM {diff['diff']:+.1f}, paired 95% CI [{lo:+.1f}, {hi:+.1f}], "
             f"n={diff['n']}{goal_txt})")
-    return {"name": name, "holds": holds, "diff": diff["diff"], "ci95": [lo, hi], "goal": goal, "text": text}
+    return {"name": name, "holds": holds, "diff": diff["diff"], "ci95": [lo, hi], "goal": goal, "goal_met": goal_met,
+            "text": text}

@@ -7,8 +7,8 @@
 ``coldstart``  the world's teacher answers train questions; correct chains kept (``WORK/coldstart``)
 ``sft``        SmolLM2 fine-tuned on them through LLaMA-Factory (``WORK/sft``: a checkpoint)
 ``rl``         RL from the SFT checkpoint (``WORK/rl``: a checkpoint, metrics, curves)
-``eval``       the base model, the SFT and the RL checkpoints on the same held-out questions
-               (``WORK/eval/<run>``)
+``eval``       the base model, the SFT and the RL checkpoints and RL's null control (its update
+               with random signs) on the same held-out questions (``WORK/eval/<run>``)
 ``report``     the table with 95% intervals and paired differences, the curves, two example
                questions before and after training, the learning claims (``WORK/report``)
 =============  ==============================================================================
@@ -110,7 +110,13 @@ def trained_models(cfg: QuickstartConfig) -> list[str]:
 
 
 def checkpoint_of(ctx: Context, stage: str) -> str:
+    """The model folder a training stage finished with; ``rl_null``: RL's null control."""
     from r3rag.pipeline.state import PipelineState
+
+    if stage == NULL_ROLE:
+        from r3rag.pipeline.training import null_control_of
+
+        return null_control_of(ctx)
 
     marker = PipelineState(ctx.work).get(stage)
     ckpt = (marker or {}).get("summary", {}).get("checkpoint")
@@ -128,10 +134,18 @@ def eval_runs(ctx: Context) -> list[dict[str, Any]]:
         role = "base" if m in cfg.eval.base_methods else "extra"
         runs.append({"name": f"base-{m}" if role == "base" else m, "role": role, "method": m, "model": cfg.model.base,
                      "overrides": [f"rollout.prompt_variant={cfg.eval.base_prompt_variant}"]})
-    for stage in trained_models(cfg):
-        runs.append({"name": stage, "role": stage, "method": cfg.eval.trained_method, "model": None,
+    trained = trained_models(cfg)
+    if "rl" in trained and cfg.eval.null_control:
+        trained.append(NULL_ROLE)  # RL's update with random signs, evaluated as RL is
+    for stage in trained:
+        runs.append({"name": NULL_RUN if stage == NULL_ROLE else stage, "role": stage, "method": cfg.eval.trained_method,
+                     "model": None,
                      "overrides": [f"rollout.prompt_variant={cfg.eval.trained_prompt_variant}", *cfg.eval.trained_set]})
     return runs
+
+
+#: the evaluation run of RL's null control, and its role (it reads the RL stage's outputs)
+NULL_RUN, NULL_ROLE = "rl-null", "rl_null"
 
 
 def run_order(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -249,7 +263,8 @@ def reset_eval(ctx: Context, redone: set[str]) -> None:
     everything = bool({"world", "index", "eval"} & redone)
     for run in eval_runs(ctx):
         d = ctx.work / "eval" / run["name"]
-        if (everything or run["role"] in redone) and d.is_dir():
+        reads = "rl" if run["role"] == NULL_ROLE else run["role"]
+        if (everything or reads in redone) and d.is_dir():
             shutil.rmtree(d)
 
 

@@ -170,16 +170,63 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     return checks.check_sft(out, require_loss_drop=cfg.sft.require_loss_drop)
 
 
+def rl_check_wiring(ctx: Context) -> list[str]:
+    """RL's own before/after evaluation. With ``rl.reward_check`` N > 0: the first N questions of
+    its own training order, answered greedily by the SFT model before training and by the RL model
+    after, each scored by the run's reward recipe (the report pairs the two: did RL move the
+    reward it optimised, on the questions it trained on?). With 0: as before, held-out accuracy
+    on the world's ``rl.monitor_split`` (test), never the report's ``eval.split``."""
+    cfg: QuickstartConfig = ctx.cfg
+    n = cfg.rl.reward_check
+    if n:
+        return ["eval.questions=training", f"eval.dataset.limit={n}", "train.eval_at_start=true", "train.eval_at_end=true"]
+    return [*_world_wiring(ctx, "eval.dataset"), f"eval.dataset.split={cfg.rl.monitor_split}"]
+
+
 def run_rl(ctx: Context) -> dict[str, Any]:
     from r3rag.pipeline.stages import checkpoint_of, retrieval_url
 
     cfg: QuickstartConfig = ctx.cfg
-    # RL watches its held-out accuracy on the world's test split; the quickstart's own evaluation
-    # uses eval.split (dev by default), so no number in the report was seen while training.
-    wiring = [f"model.path={checkpoint_of(ctx, 'sft')}", *_world_wiring(ctx, "data"), "data.split=train",
-              f"retriever.urls=[{retrieval_url(ctx)}]", *_world_wiring(ctx, "eval.dataset"),
-              f"eval.dataset.split={cfg.rl.monitor_split}"]
+    sft = checkpoint_of(ctx, "sft")
+    wiring = [f"model.path={sft}", *_world_wiring(ctx, "data"), "data.split=train",
+              f"retriever.urls=[{retrieval_url(ctx)}]", *rl_check_wiring(ctx)]
     if cfg.model.precision != "auto":
         wiring.append(f"model.compute_dtype={cfg.model.precision}")
     out = _run_stage_program(ctx, "rl", cfg.rl, wiring)
-    return checks.check_rl(out, require_signal=cfg.rl.require_signal)
+    summary = checks.check_rl(out, require_signal=cfg.rl.require_signal)
+    if cfg.eval.null_control:
+        summary["null_control"] = str(write_null_control(Path(sft), Path(summary["checkpoint"]), out / NULL_CONTROL))
+    return summary
+
+
+#: the RL stage's null control, beside its final model
+NULL_CONTROL = "null-control"
+
+
+def write_null_control(start: Path, trained: Path, out: Path, seed: int = 0) -> Path:
+    """The null control of an RL update: ``start + s * (trained - start)`` with ``s`` = +-1 drawn
+    per parameter (:func:`r3rag.train.rl.update_noise.random_sign_update`), written as an HF folder
+    at ``out`` (kept when already there: a rerun reuses it). Every parameter moves exactly as far
+    as RL moved it, in a random direction: evaluated beside RL, it shows what an update of that
+    size costs a greedy student when its direction carries nothing."""
+    from r3rag.train.rl.update_noise import load_weights, random_sign_update, write_like
+
+    if checks.is_checkpoint(out):
+        return out.resolve()
+    if out.exists():  # a torn copy from a kill (write_like writes beside it, then renames)
+        shutil.rmtree(out)
+    flipped = random_sign_update(load_weights(start), load_weights(trained), seed=seed)
+    return write_like(trained, flipped, out).resolve()
+
+
+def null_control_of(ctx: Context) -> str:
+    """The RL stage's null control (written now if an older RL stage did not write it)."""
+    from r3rag.pipeline.stages import checkpoint_of
+    from r3rag.pipeline.state import PipelineState
+
+    summary = (PipelineState(ctx.work).get("rl") or {}).get("summary") or {}
+    path = summary.get("null_control")
+    if path and checks.is_checkpoint(Path(path)):
+        return str(path)
+    return str(write_null_control(Path(checkpoint_of(ctx, "sft")), Path(checkpoint_of(ctx, "rl")),
+                                  ctx.work / "rl" / NULL_CONTROL))

@@ -1,6 +1,8 @@
 """Stand-in for train/rl.py (tests only): logs rising rewards, writes a curve PNG and the run's config.yaml,
-saves the start moved by AdamW on pure-noise gradients (one step per iteration) as final."""
+saves the start moved by AdamW on pure-noise gradients (one step per iteration) as final; with
+``eval.questions=training`` its before/after check (rows with a ``reward``, higher after)."""
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -21,12 +23,19 @@ for it in range(len(done_lines(metrics)), iters):
     pause()
     flat = broken("rl")
     append(metrics, {"iteration": it + 1, "kind": "train", "reward": 0.0 if flat else 0.1 * it,
-                     "groups_filtered_frac": 1.0 if flat else 0.25, "batch/optimizer_steps": 1})
+                     "groups_filtered_frac": 1.0 if flat else 0.25, "batch/optimizer_steps": 1,
+                     "batch/trajectories": 8})
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+if sets.get("eval.questions") == "training":  # RL's own check: the training reward before and after, on its questions
+    n = int(sets.get("eval.dataset.limit", 4))
+    (out / "eval").mkdir(exist_ok=True)
+    for step, bump in ((0, 0.0), (iters, 0.0 if broken("rl") else 0.5)):
+        rows = [{"id": f"train-{i}", "reward": 1.0 + bump * (i % 2 + 1)} for i in range(n)]
+        (out / "eval" / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 rows = done_lines(metrics)
 plt.plot([r["iteration"] for r in rows], [r["reward"] for r in rows])
 (out / "plots").mkdir(exist_ok=True)

@@ -138,6 +138,10 @@ class TrainSection(Section):
 
 class EvalSection(Section):
     dataset: DatasetConfig = DatasetConfig(split="dev", limit=64)
+    questions: Literal["dataset", "training"] = Field(
+        "dataset", description="what the run's own evaluations answer: 'dataset' (eval.dataset, held out) or 'training': "
+        "the first eval.dataset.limit questions of the run's own training order (those its first iterations train on), "
+        "each row with its training reward, so before and after compare the reward RL optimised on its own questions")
     normalization: str = "squad"
     batch_size: int = Field(32, ge=1)
 

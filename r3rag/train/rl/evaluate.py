@@ -29,8 +29,10 @@ def eval_path(out_dir: str | Path, step: int) -> Path:
 
 
 def evaluate_policy(engine: RolloutEngine, questions: Sequence[Question], path: Path, normalization: str = "squad",
-                    batch_size: int = 32) -> list[dict[str, Any]]:
-    """Answer ``questions`` (those not already in ``path``), append rows, return all rows."""
+                    batch_size: int = 32, reward_fn: Any = None) -> list[dict[str, Any]]:
+    """Answer ``questions`` (those not already in ``path``), append rows, return all rows. With
+    ``reward_fn`` (the run's reward recipe) each row also gets ``reward``: the total the recipe
+    gives its trajectory, as a training rollout's would be scored."""
     rows = load_rows(path)
     done = {r["id"] for r in rows}
     todo = [(i, q) for i, q in enumerate(questions) if str(q.id) not in done]
@@ -39,8 +41,12 @@ def evaluate_policy(engine: RolloutEngine, questions: Sequence[Question], path: 
             for s in range(0, len(todo), batch_size):
                 chunk = todo[s:s + batch_size]
                 trajs = asyncio.run(engine.arun([q for _, q in chunk], n_samples=1))
-                for (i, q), t in zip(chunk, trajs):
-                    w.write(prediction_row(i, q, t, normalization))
+                rewards = reward_fn(trajs) if reward_fn is not None else [None] * len(trajs)
+                for (i, q), t, r in zip(chunk, trajs, rewards):
+                    row = prediction_row(i, q, t, normalization)
+                    if r is not None:
+                        row["reward"] = float(r.total)
+                    w.write(row)
         rows = load_rows(path)
     return rows
 
@@ -59,6 +65,9 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     res = aggregate(rows, bootstrap=0)
     out: dict[str, Any] = {f"eval/{k}": v for k, v in res.get("metrics", {}).items()}
     out["eval/avg_retrievals"] = res.get("avg_retrievals", 0.0)
+    rewards = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), (int, float))]
+    if rewards:
+        out["eval/reward"] = sum(rewards) / len(rewards)
     out["eval/answered"] = res.get("answered", 0.0)
     for h, v in retrievals_by_hops(rows).items():
         out[f"eval/retrievals_hops{h}"] = v
@@ -79,6 +88,31 @@ def paired_difference(before: Sequence[dict[str, Any]], after: Sequence[dict[str
     return {"n": len(ids), "metric": metric, "before": round(100 * float(np.mean([a[i] for i in ids])), 1) if ids else 0.0,
             "after": round(100 * float(np.mean([b[i] for i in ids])), 1) if ids else 0.0,
             "diff": round(100 * float(diff.mean()), 1) if ids else 0.0, "ci95": ci}
+
+
+def paired_reward(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], resamples: int = 2000,
+                  seed: int = 0) -> dict[str, Any] | None:
+    """``after - before`` of the rows' training ``reward`` on the questions both scored (the
+    reward's own units, not points): means, difference and its paired bootstrap 95% interval;
+    None when the rows carry no reward.
+
+    >>> b = [{"id": str(i), "reward": 0.0} for i in range(20)]
+    >>> a = [{"id": str(i), "reward": 1.0 if i < 10 else 0.0} for i in range(20)]
+    >>> d = paired_reward(b, a, resamples=200)
+    >>> d["n"], d["before"], d["after"], d["diff"], d["ci95"][0] > 0
+    (20, 0.0, 0.5, 0.5, True)
+    """
+    a = {r["id"]: float(r["reward"]) for r in before if isinstance(r.get("reward"), (int, float))}
+    b = {r["id"]: float(r["reward"]) for r in after if isinstance(r.get("reward"), (int, float))}
+    ids = [i for i in a if i in b]
+    if not ids:
+        return None
+    diff = np.array([b[i] - a[i] for i in ids], dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(ids), size=(max(1, resamples), len(ids)))  # (resamples, n)
+    lo, hi = np.percentile(diff[idx].mean(axis=1), [2.5, 97.5])
+    return {"n": len(ids), "before": round(float(np.mean([a[i] for i in ids])), 4),
+            "after": round(float(np.mean([b[i] for i in ids])), 4), "diff": round(float(diff.mean()), 4),
+            "ci95": [round(float(lo), 4), round(float(hi), 4)]}
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -202,6 +202,29 @@ def data_order(questions: list[Any], seed: int, balance_by: str | None) -> DataO
     return BalancedOrder(keys, seed)
 
 
+def first_training_questions(order: DataOrder | BalancedOrder, questions: Sequence[Question], n: int | None,
+                             per_iter: int) -> list[Question]:
+    """The first ``n`` distinct questions of the run's training order (``n`` None: one iteration's),
+    i.e. the prompts of its first iterations: an evaluation of these before and after training
+    measures the reward RL optimised on the very questions it saw.
+
+    >>> qs = list("abcdefgh")
+    >>> first = first_training_questions(DataOrder(8, seed=3), qs, 5, per_iter=2)
+    >>> first == [qs[i] for i in DataOrder(8, seed=3).indices(0, 2) + DataOrder(8, seed=3).indices(1, 2)
+    ...           + DataOrder(8, seed=3).indices(2, 2)][:5]
+    True
+    """
+    want = min(len(questions), n if n is not None else per_iter)
+    picked: list[int] = []
+    it = 0
+    while len(picked) < want:
+        for i in order.indices(it, per_iter):
+            if i not in picked and len(picked) < want:
+                picked.append(i)
+        it += 1
+    return [questions[i] for i in picked]
+
+
 @dataclass
 class Models:
     policy: Any
@@ -287,7 +310,8 @@ class RLTrainer:
                 self._questions = train_ds.questions
             if self._retriever is None:
                 self._retriever = load_retriever(cfg.retriever, train_ds)
-        if self._eval_questions is None and (cfg.train.eval_every or cfg.train.eval_at_start or cfg.train.eval_at_end):
+        wants_eval = bool(cfg.train.eval_every or cfg.train.eval_at_start or cfg.train.eval_at_end)
+        if self._eval_questions is None and wants_eval and cfg.eval.questions == "dataset":
             from r3rag.evaluation.datasets import resolve_dataset
 
             self._eval_questions = resolve_dataset(cfg.eval.dataset).questions
@@ -317,6 +341,9 @@ class RLTrainer:
         if critic is not None:
             self.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=a.betas, weight_decay=a.weight_decay)
         self.order = data_order(self.questions, cfg.train.seed, cfg.train.balance_by)
+        if cfg.eval.questions == "training" and wants_eval:
+            self.eval_questions = first_training_questions(self.order, self.questions, cfg.eval.dataset.limit,
+                                                           cfg.train.questions_per_iter)
         self._arun_takes_seed = "seed" in inspect.signature(self.engine.arun).parameters
 
     def _objects(self) -> dict[str, Any]:
@@ -429,6 +456,9 @@ class RLTrainer:
 
             before, after = load_rows(evals[0]), load_rows(evals[-1])
             report = {m: ev.paired_difference(before, after, m) for m in ("em", "f1", "cover_em")}
+            reward = ev.paired_reward(before, after)
+            if reward is not None:  # eval.questions=training: the reward on the run's own questions
+                report["reward"] = reward
             report["retrievals_by_hops"] = {"before": ev.retrievals_by_hops(before), "after": ev.retrievals_by_hops(after)}
             report["files"] = [evals[0].name, evals[-1].name]
             ev.write_json(self.out / "eval_report.json", report)
@@ -442,7 +472,8 @@ class RLTrainer:
         self._refresh_backend()
         self.models.policy.eval()
         rows = ev.evaluate_policy(self.eval_engine, self.eval_questions, ev.eval_path(self.out, step),
-                                  self.cfg.eval.normalization, self.cfg.eval.batch_size)
+                                  self.cfg.eval.normalization, self.cfg.eval.batch_size,
+                                  reward_fn=self.reward_fn if self.cfg.eval.questions == "training" else None)
         rec = ev.summary(rows)
         rec["time/eval"] = time.perf_counter() - t
         if log:
