@@ -185,8 +185,9 @@ def test_the_quickstart_override_reaches_sft_rl_and_evaluation(tmp_path, monkeyp
     monkeypatch.setattr(training.checks, "check_rl", lambda *a, **k: {})
     monkeypatch.setattr("r3rag.pipeline.stages.checkpoint_of", lambda ctx, stage: "ckpt")
     monkeypatch.setattr("r3rag.pipeline.stages.retrieval_url", lambda ctx: "http://127.0.0.1:1")
-    auto = Context(cfg=QuickstartConfig(), work=tmp_path, repo_root=ROOT, echo=print)
-    fp32 = Context(cfg=QuickstartConfig.model_validate({"model": {"precision": "fp32"}}), work=tmp_path, repo_root=ROOT,
+    auto = Context(cfg=QuickstartConfig.model_validate({"eval": {"null_control": False}}), work=tmp_path,
+                   repo_root=ROOT, echo=print)
+    fp32 = Context(cfg=QuickstartConfig.model_validate({"model": {"precision": "fp32"}, "eval": {"null_control": False}}), work=tmp_path, repo_root=ROOT,
                    echo=print)
     training.run_sft(fp32)
     training.run_rl(fp32)
