@@ -30,10 +30,12 @@ def _lines(rows: list[dict]) -> bytes:
 
 def flashrag_files(world_dir: str | Path, per_split: int = 12) -> dict[str, bytes]:
     """``{"{folder}/{split}.jsonl": bytes}``: training splits from the world's train questions,
-    evaluation splits from its dev questions (``per_split`` each; training splits get all)."""
+    evaluation splits from its dev questions (``per_split`` each; training splits get all). The
+    tiny world has no dev cluster: its evaluation splits are then the last train questions."""
     world = Path(world_dir)
     train = [json.loads(x) for x in (world / "train.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     dev = [json.loads(x) for x in (world / "dev.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    dev = dev or train[-per_split:]
     files: dict[str, bytes] = {}
     for short, splits in BENCHMARK_SPLITS.items():
         for split in splits:
