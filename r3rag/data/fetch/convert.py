@@ -105,14 +105,23 @@ def convert_questions(raw: Path, dest: Path, dataset: str) -> tuple[str, int]:
     return _write_rows(dest, rows())
 
 
-def gunzip(raw: Path, dest: Path) -> tuple[str, int]:
-    """Unpack a gzipped corpus JSONL; checks the first record is a passage; returns (sha256, lines)."""
+def _bar(total: int, desc: str, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress or total < (64 << 20))
+
+
+def gunzip(raw: Path, dest: Path, progress: bool = False) -> tuple[str, int]:
+    """Unpack a gzipped corpus JSONL; checks the first record is a passage; returns (sha256, lines).
+    The progress bar counts compressed bytes read."""
     lines = 0
     first = True
     try:
-        with gzip.open(raw, "rb") as src, AtomicOutput(dest) as out:
+        with gzip.open(raw, "rb") as src, AtomicOutput(dest) as out, \
+                _bar(raw.stat().st_size, f"unpack {raw.name}", progress) as bar:
             tail = b""
             while block := src.read(BLOCK):
+                bar.update(src.fileobj.tell() - bar.n)
                 if first:
                     head = block.split(b"\n", 1)[0]
                     try:
@@ -135,13 +144,14 @@ def gunzip(raw: Path, dest: Path) -> tuple[str, int]:
     return out.sha256, lines
 
 
-def concat(parts: list[Path], dest: Path) -> tuple[str, int]:
+def concat(parts: list[Path], dest: Path, progress: bool = False) -> tuple[str, int]:
     """Join ``parts`` byte for byte; returns (sha256, bytes)."""
-    with AtomicOutput(dest) as out:
+    with AtomicOutput(dest) as out, _bar(sum(p.stat().st_size for p in parts), f"join {dest.name}", progress) as bar:
         for part in parts:
             with part.open("rb") as fh:
                 while block := fh.read(BLOCK):
                     out.write(block)
+                    bar.update(len(block))
     return out.sha256, out.size
 
 

@@ -177,10 +177,10 @@ class Fetcher:
             digest, rows = convert.convert_questions(raws[0], out, item.options["dataset"])
             info["rows"] = rows
         elif item.build == "gunzip":
-            digest, rows = convert.gunzip(raws[0], out)
+            digest, rows = convert.gunzip(raws[0], out, self.s.progress)
             info["rows"] = rows
         elif item.build == "concat":
-            digest, _ = convert.concat(raws, out)
+            digest, _ = convert.concat(raws, out, self.s.progress)
         elif item.build in ("sample", "mix"):
             deps = {name: self.s.out / next(i.output for i in self.items if i.name == name) for name in item.needs}
             sources = [self.manifest.rel(p) for p in deps.values()]
