@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.r3rag-installed
 TORCH  ?= torch==2.13.0
 WORK   ?= runs/quickstart
 
-.PHONY: help setup envs quickstart quickstart-fast quickstart-prompted test test-fast bench clean
+.PHONY: help setup gpu-env envs quickstart quickstart-fast quickstart-prompted test test-fast bench clean
 
 help:
 	@echo "make quickstart   the main job on the embedded world: cold start -> SFT -> RL -> evaluation (CPU)"
@@ -17,6 +17,7 @@ help:
 	@echo "make quickstart-prompted  evaluation only: the oracle and the prompted SmolLM2 methods"
 	@echo "make test         run the whole CPU test suite"
 	@echo "make setup        create .venv and install r3rag with its dev extras"
+	@echo "make gpu-env      create .venv-gpu with CUDA torch (EXTRAS=\"--vllm --faiss-gpu --flash-attn\" or --all; DRY_RUN=1 prints the commands)"
 	@echo "make envs         create the trainer environments (.venvs/llamafactory, .venvs/openrlhf)"
 	@echo "make bench        run the performance benchmarks in --quick mode"
 
@@ -30,6 +31,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# A CUDA machine: CUDA torch and the optional GPU engines in .venv-gpu, beside the CPU .venv.
+EXTRAS ?=
+gpu-env:
+	bash train/envs/gpu.sh $(EXTRAS) $(if $(DRY_RUN),--dry-run,)
 
 # LLaMA-Factory and OpenRLHF pin conflicting versions: each gets its own virtual environment,
 # created (once; later calls return at once) by its own script. The core .venv needs neither.

@@ -63,3 +63,44 @@ def cpu_name(cpuinfo: str | Path = CPUINFO) -> str:
     text = read_cpuinfo(cpuinfo)
     name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
     return name + (BF16_MARK if set(text.split()) & NATIVE_BF16_FLAGS else "")
+
+
+def resolve_device(spec: str, key: str = "model.device", note=None) -> str:
+    """The torch device ``spec`` names, checked against this machine before any model is loaded.
+
+    ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu`` (with a one-line note through
+    ``note``, stderr by default); ``cuda``/``cuda:N`` on a machine without one (a CPU build of
+    torch, no driver, fewer GPUs) is a :class:`~r3rag.errors.ConfigError` naming ``key``, never a
+    traceback from deep inside ``model.to``. Other devices (``cpu``, ``mps``) pass through.
+
+    >>> resolve_device("cpu")
+    'cpu'
+    """
+    from r3rag.errors import ConfigError
+
+    spec = spec.strip().lower()
+    if spec not in ("auto",) and not spec.startswith("cuda"):
+        return spec
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if spec == "auto":
+        if count:
+            return "cuda"
+        why = "torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA GPU"
+        (note or _stderr)(f"note: {key}=auto -> cpu ({why})")
+        return "cpu"
+    index = spec.partition(":")[2]
+    if not count:
+        why = (f"torch {torch.__version__} is a CPU build (make gpu-env installs CUDA torch)"
+               if torch.version.cuda is None else "torch sees no CUDA GPU (driver, CUDA_VISIBLE_DEVICES?)")
+        raise ConfigError(f"{key}={spec} but {why}; use {key}=auto or cpu")
+    if index and (not index.isdigit() or int(index) >= count):
+        raise ConfigError(f"{key}={spec}: this machine has {count} CUDA GPU(s), cuda:0..cuda:{count - 1}")
+    return spec
+
+
+def _stderr(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr, flush=True)

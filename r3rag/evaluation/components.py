@@ -71,9 +71,15 @@ def _load_backend(cfg: ModelConfig) -> PolicyBackend:
             raise ConfigError("an OpenAI-compatible model needs model.tokenizer (a local tokenizer folder or .gguf)")
         from r3rag.rollout.backends.hf_loading import load_tokenizer
 
-        return get_backend("openai", base_url=base_url, model=cfg.api_model, tokenizer=load_tokenizer(tok_src))
+        # `vllm serve ORG/NAME` serves the model under its hub id: with --model ORG/NAME (a hub id or
+        # folder, not a URL) that is the name asked for and the tokenizer loaded, unless set apart
+        api_model = cfg.path if cfg.api_model == "default" and not is_url(cfg.path) else cfg.api_model
+        return get_backend("openai", base_url=base_url, model=api_model, tokenizer=load_tokenizer(tok_src))
     if cfg.backend == "hf":
-        return get_backend("hf", model=cfg.path, dtype=model_precision(cfg).torch_name, device=cfg.device, max_batch_size=cfg.max_batch_size,
+        from r3rag.machine import resolve_device
+
+        return get_backend("hf", model=cfg.path, dtype=model_precision(cfg).torch_name, device=resolve_device(cfg.device),
+                           max_batch_size=cfg.max_batch_size,
                            shared_prefix_tokens=cfg.shared_prefix_tokens, inline=True)  # batch work: generate on the loop's thread (HFBackend.inline)
     if cfg.backend in ("vllm", "vllm_async"):
         return get_backend(cfg.backend, model=cfg.path, dtype=model_precision(cfg).torch_name, **cfg.engine_kwargs)

@@ -38,11 +38,13 @@ class ModelConfig(Section):
     backend: str = Field("hf", description="hf | openai | vllm (a URL given as --model selects openai)")
     path: str = Field("smollm2", description="local folder, .gguf file, 'smollm2' (packaged), or an API model name")
     base_url: str | None = Field(None, description="OpenAI-compatible server URL (backend openai)")
-    api_model: str = Field("default", description="model name sent to an OpenAI-compatible server")
+    api_model: str = Field("default", description="model name sent to an OpenAI-compatible server; 'default' with a "
+                           "hub id or folder as model.path sends model.path (what `vllm serve ORG/NAME` serves)")
     tokenizer: str | None = Field(None, description="tokenizer folder or .gguf for the openai backend (default: path)")
     dtype: str = Field("float32", description="auto (r3rag.precision: bfloat16 where native, on a GPU with bf16 or a CPU "
                        "with avx512_bf16 / amx_bf16, else float32) | float32 | bfloat16 | float16")
-    device: str = "cpu"
+    device: str = Field("auto", description="auto (cuda when torch sees a GPU, else cpu) | cpu | cuda | cuda:N; "
+                        "a GPU asked for on a machine without one is a one-line error")
     max_batch_size: int = Field(64, ge=1, description="rows per forward pass in the HF backend")
     shared_prefix_tokens: int = Field(
         32, ge=0, description="HF backend: the shortest prompt prefix common to all prompts (chat template, system prompt) worth prefilling once and reusing; 0 = off"

@@ -27,7 +27,10 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
 
 
-def create_openai_app(backend: PolicyBackend, model_name: str = "standin", max_body_bytes: int = 4 << 20) -> FastAPI:
+def create_openai_app(backend: PolicyBackend, model_name: str = "standin", max_body_bytes: int = 4 << 20,
+                      check_model: bool = False) -> FastAPI:
+    """``check_model``: answer a request for another model than ``model_name`` with vLLM's 404
+    (``vllm serve ORG/NAME`` serves the model under its hub id and nothing else)."""
     app = FastAPI(title="r3rag OpenAI-compatible stand-in")
     tok = backend.tokenizer
     app.state.requests = 0
@@ -68,6 +71,8 @@ def create_openai_app(backend: PolicyBackend, model_name: str = "standin", max_b
         return p
 
     async def complete(data: dict[str, Any], text: str, ids: list[int], messages: Any, chat: bool) -> JSONResponse:
+        if check_model and data.get("model") != model_name:
+            return _error(404, f"The model `{data.get('model')}` does not exist.")
         params = params_of(data)
         if isinstance(params, str):
             return _error(400, params)

@@ -19,10 +19,10 @@
 #   MODEL_FAMILY=llama|qwen (default: qwen)   STAGE=1|2|both (default: both)
 #   STAGE=2 alone starts from STAGE2_POLICY (default: POLICY)
 # Example:
-#   POLICY=/ckpt/Qwen2.5-7B STAGE1_DATA=stage_1.jsonl STAGE2_DATA=stage_2.jsonl INDEX=/idx/wiki18 \
-#     bash train/scripts/r1searcher.sh
+#   POLICY=/ckpt/Qwen2.5-7B INDEX=indexes/wiki18-e5 bash train/scripts/r1searcher.sh
 #   R3RAG_DRY_RUN=1 bash train/scripts/r1searcher.sh     # print the flags, start nothing
-# (../shared/data/r1searcher/ holds the published stage_1 and stage_2 prompts.) Other knobs:
+# The prompts default to R1-Searcher's published files in the repository, data/r1searcher/stage_1.jsonl
+# (350) and stage_2.jsonl (8,148); STAGE1_DATA=... / STAGE2_DATA=... use others. Other knobs:
 # train/scripts/common.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -62,18 +62,18 @@ run_stage() {  # STAGE_NUMBER DATASET POLICY
   r3rag_run
 }
 
+STAGE1_DATA="${STAGE1_DATA:-$R3RAG_ROOT/data/r1searcher/stage_1.jsonl}"
+STAGE2_DATA="${STAGE2_DATA:-$R3RAG_ROOT/data/r1searcher/stage_2.jsonl}"
 if [ "$STAGE" = 1 ] || [ "$STAGE" = both ]; then
-  [ "$R3RAG_DRY_RUN" = 1 ] || [ -n "${STAGE1_DATA:-}" ] || r3rag_die "set STAGE1_DATA (R1-Searcher's stage_1.jsonl or your own)"
   [ "$R3RAG_DRY_RUN" = 1 ] || [ -n "${POLICY:-}" ] || r3rag_die "set POLICY to the base model stage 1 starts from"
-  run_stage 1 "${STAGE1_DATA:-/path/to/stage_1.jsonl}" "${POLICY:-/path/to/base-model}"
+  run_stage 1 "$STAGE1_DATA" "${POLICY:-/path/to/base-model}"
 fi
 if [ "$STAGE" = 2 ] || [ "$STAGE" = both ]; then
-  [ "$R3RAG_DRY_RUN" = 1 ] || [ -n "${STAGE2_DATA:-}" ] || r3rag_die "set STAGE2_DATA (R1-Searcher's stage_2.jsonl or your own)"
   STAGE2_POLICY="${STAGE2_POLICY:-}"
   if [ -z "$STAGE2_POLICY" ]; then
     if [ "$STAGE" = both ]; then STAGE2_POLICY="$BASE_SAVE/stage1/model"; else STAGE2_POLICY="${POLICY:-/path/to/stage1-model}"; fi
     [ "$R3RAG_DRY_RUN" = 1 ] || [ "$STAGE" = both ] || [ -n "${POLICY:-}" ] \
       || r3rag_die "set STAGE2_POLICY (or POLICY) to the stage-1 model stage 2 starts from"
   fi
-  run_stage 2 "${STAGE2_DATA:-/path/to/stage_2.jsonl}" "$STAGE2_POLICY"
+  run_stage 2 "$STAGE2_DATA" "$STAGE2_POLICY"
 fi

@@ -14,10 +14,11 @@
 # Usage: POLICY=CKPT DATASET=FILE INDEX=DIR [MODEL_FAMILY=llama|qwen] bash train/scripts/r3rag_ppo.sh [--help]
 #   MODEL_FAMILY=llama|qwen   picks the SFT defaults below (default: llama)
 # Example:
-#   POLICY=/ckpt/r3rag-sft-llama3.1-8b DATASET=hotpotqa_train_8192.jsonl INDEX=/idx/wiki18-e5 \
+#   POLICY=/ckpt/r3rag-sft-llama3.1-8b DATASET=data/hotpotqa_train_8192.jsonl INDEX=indexes/wiki18-e5 \
 #     bash train/scripts/r3rag_ppo.sh
 #   R3RAG_DRY_RUN=1 bash train/scripts/r3rag_ppo.sh     # print the flags, start nothing
-# Every other knob is an environment variable: train/scripts/common.sh. The judge (the paper's
+# (data/hotpotqa_train_8192.jsonl: python -m r3rag.data.fetch train.) Every other knob is an
+# environment variable: train/scripts/common.sh. The judge (the paper's
 # process and fallback outcome judge) is an OpenAI-compatible server you run, e.g.
 #   R3RAG_AGENT_SET_EXTRA="reward.overrides=[process.source=judge,answer.judge_fallback=true,judge.base_url=http://JUDGE:8001/v1]"
 set -euo pipefail

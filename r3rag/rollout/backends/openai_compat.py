@@ -1,6 +1,7 @@
 """OpenAI-compatible HTTP backend: ``/v1/completions`` or ``/v1/chat/completions``.
 
-For a vLLM server or a hosted teacher model. Requests of a round are sent concurrently (bounded by
+For a vLLM server or a hosted teacher model. ``base_url`` is the server's root (``http://host:8000``)
+or, as the OpenAI SDK writes it, that root plus ``/v1``. Requests of a round are sent concurrently (bounded by
 ``max_concurrency``), each with its own temperature, seed, stop strings and ``max_tokens``.
 
 Token ids: a vLLM server returns the sampled ids when asked
@@ -45,7 +46,8 @@ class OpenAICompatBackend(PolicyBackend):
         send_prompt_ids: bool = True,
         retries: int = 2,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        # the server's root; a URL in the OpenAI SDK's convention (".../v1") names the same server
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.tokenizer = tokenizer
         self.endpoint = endpoint

@@ -36,7 +36,7 @@ class RetrieverSection(Section):
 class TeacherSection(Section):
     kind: Literal["oracle", "hf", "openai"] = "oracle"
     model: str = Field("smollm2", description="hf: folder/.gguf/hub name; openai: the served model name")
-    base_url: str | None = Field(None, description="openai: e.g. http://127.0.0.1:8000/v1")
+    base_url: str | None = Field(None, description="openai: the server, e.g. http://127.0.0.1:8000 or http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the key")
     endpoint: Literal["completions", "chat"] = "chat"
     tokenizer: str = Field("smollm2", description="tokenizer of the trajectories (oracle/openai): the student's")
