@@ -4,7 +4,10 @@
 Subcommands:
   run      evaluate a method (direct, rag, ircot, r3rag_steps, r1searcher_tags, oracle) on a dataset
            (hotpotqa, 2wiki, musique, bamboogle, world, or a JSONL path); resumable, shardable;
-           writes predictions.jsonl, results.json, report.md, results.csv and PNG plots to --out
+           writes predictions.jsonl, results.json, report.md, results.csv and PNG plots to --out.
+           A question a service failed for (dead retriever, model server or judge) is never scored:
+           it goes to failures.jsonl, the command ends with one error line and exit status 3, and
+           rerunning the same command retries exactly those questions
   merge    join the shard folders of one run into one (same results as an unsharded run)
   compare  put finished runs side by side: one table and one plot
   score    re-score a JSONL of predictions (any system's) and print one JSON object with
@@ -65,29 +68,47 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     return out + list(args.overrides)
 
 
+#: exit status when a service failed for some questions (a rerun retries them); 2 is a user error
+EXIT_INCOMPLETE = 3
+
+
+def _done_line(prefix: str, outcome) -> str:  # type: ignore[no-untyped-def]
+    retried = f" ({outcome.retried} retried after an earlier failure)" if outcome.retried else ""
+    failed = sum(outcome.failed.values()) + outcome.not_attempted
+    failed_note = f", {failed} not evaluated (a service failed)" if failed else ""
+    return f"{prefix}{outcome.new} new{retried}, {outcome.skipped} already done{failed_note}; results in {outcome.out_dir}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run one method, or each of a comma-separated list into ``--out/METHOD``. When a service
+    fails for some questions, the summary shows the scored ones with their count apart, and the
+    command ends with one ``error:`` line and exit status 3 (the next method is not started)."""
     from r3rag.config import load_config
     from r3rag.evaluation.config import EvaluationConfig
+    from r3rag.evaluation.failures import EvaluationIncomplete
     from r3rag.evaluation.report import results_table
     from r3rag.evaluation.runner import run_evaluation
 
     methods = [m.strip() for m in (args.method or "").split(",") if m.strip()]
-    if len(methods) <= 1:
-        cfg = load_config(EvaluationConfig, args.config, run_overrides(args))
-        outcome = run_evaluation(cfg, args.out)
-        print(f"{outcome.new} new, {outcome.skipped} already done; results in {outcome.out_dir}")
-        if outcome.results.get("n"):
-            print(results_table([outcome.results]))
-        return 0
-    # several methods: one run folder each under --out, the model loaded once
+    several = len(methods) > 1
     results = []
-    for m in methods:
+    for m in methods if several else [args.method]:
         args.method = m
         cfg = load_config(EvaluationConfig, args.config, run_overrides(args))
-        outcome = run_evaluation(cfg, Path(args.out) / m)
-        print(f"{m}: {outcome.new} new, {outcome.skipped} already done; results in {outcome.out_dir}")
+        try:
+            outcome = run_evaluation(cfg, Path(args.out) / m if several else args.out)
+        except EvaluationIncomplete as err:
+            print(_done_line(f"{m}: " if several else "", err.outcome))
+            table = [r for r in (*results, err.outcome.results) if r.get("n")]
+            if table:
+                print(results_table(table))
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_INCOMPLETE
+        print(_done_line(f"{m}: " if several else "", outcome))
         results.append(outcome.results)
-    print(results_table([r for r in results if r.get("n")]))
+    table = [r for r in results if r.get("n")]
+    if table:
+        print(results_table(table))
     return 0
 
 

@@ -13,7 +13,7 @@ MODULES = [
     "r3rag.rollout.formats.rules", "r3rag.rollout.formats.r3rag_steps_rules", "r3rag.rollout.formats.r1searcher_tags_rules",
     "r3rag.rollout.env", "r3rag.pipeline.child", "r3rag.train.rl.loop", "r3rag.rollout.backends.hf",
     "r3rag.evaluation.evidence", "r3rag.evaluation.replicates", "r3rag.train.rl.estimators", "r3rag.train.rl.batch",
-    "r3rag.train.rl.update_noise", "r3rag.precision", "r3rag.machine",
+    "r3rag.train.rl.update_noise", "r3rag.precision", "r3rag.machine", "r3rag.evaluation.failures", "r3rag.evaluation.report",
 ]
 
 

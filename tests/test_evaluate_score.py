@@ -113,3 +113,14 @@ def test_reproduces_r1searcher_published_table(name):
     out = score_file(path, "pred_ans", "answer", "r1searcher", judge_field="gpt4o_output")
     assert out["n"] > 0
     assert (out["cover_em"], out["judge_acc"]) == PUBLISHED[name]
+
+
+def test_a_row_a_dead_service_ended_is_not_scored(tmp_path):
+    from r3rag.errors import DataError
+    from r3rag.evaluation.score import score_file
+
+    path = tmp_path / "old.jsonl"
+    path.write_text('{"prediction": "x", "golden_answers": ["x"], "stop_reason": "answered"}\n'
+                    '{"prediction": "", "golden_answers": ["y"], "stop_reason": "retrieval_failed"}\n')
+    with pytest.raises(DataError, match=r"old.jsonl:2: stop_reason 'retrieval_failed' is a service's failure"):
+        score_file(path)

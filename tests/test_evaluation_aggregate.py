@@ -78,8 +78,21 @@ def test_judge_metrics_and_rule_or_judge():
     rows = [row(0, 1.0, 1.0, 1, 1, 0, judge=0.0), row(1, 0.0, 0.0, 1, 1, 0, judge=1.0),
             row(2, 0.0, 0.0, 1, 1, 0, judge=None), row(3, 0.0, 0.0, 1, 1, 0, judge=0.0)]
     r = aggregate(rows, bootstrap=0)
-    assert r["metrics"]["judge_acc"] == 25.0  # a failed judge call (None) counts as wrong
-    assert r["metrics"]["rule_or_judge_acc"] == 50.0  # q0 by rule, q1 by judge
+    # a failed judge call (None) is no verdict: that question is counted apart, never as wrong
+    assert r["n"] == 3 and r["failed"] == {"judge_unavailable": 1}
+    assert r["metrics"]["judge_acc"] == 33.3
+    assert r["metrics"]["rule_or_judge_acc"] == 66.7  # q0 by rule, q1 by judge
+    assert r["metrics"]["em"] == 33.3
+
+
+def test_rows_a_service_failed_for_are_left_out_and_counted_apart():
+    clean = [row(0, 1.0, 1.0, 1, 1, 1), row(1, 0.0, 0.0, 1, 1, 1)]
+    dead = [row(2, 0.0, 0.0, None, 1, 0, stop="retrieval_failed"), row(3, 0.0, 0.0, None, 1, 0, stop="backend_error"),
+            row(4, 0.0, 0.0, None, 0, 0, stop="retrieval_failed")]
+    r = aggregate(clean + dead, bootstrap=50)
+    assert r["failed"] == {"retrieval_failed": 2, "backend_error": 1}
+    assert {k: v for k, v in r.items() if k != "failed"} == aggregate(clean, bootstrap=50)
+    assert "failed" not in aggregate(clean, bootstrap=0)
 
 
 def test_bootstrap_interval_brackets_mean_and_is_deterministic():

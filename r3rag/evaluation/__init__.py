@@ -7,6 +7,7 @@
 - :mod:`~r3rag.evaluation.runner`      resumable, sharded runs: ``run_evaluation(cfg, out_dir)``
 - :mod:`~r3rag.evaluation.run_key`     the settings a run folder resumes on (a changed one is refused)
 - :mod:`~r3rag.evaluation.predictions` the fsync'ed predictions JSONL and its crash repair
+- :mod:`~r3rag.evaluation.failures`    questions a dead service left unanswered: never scored, counted apart, retried
 - :mod:`~r3rag.evaluation.aggregate`   EM/F1/cover-EM/acc, judge, cut-at-k, breakdowns, bootstrap CIs
 - :mod:`~r3rag.evaluation.report`      report.md, results.csv, PNG plots
 - :mod:`~r3rag.evaluation.merge`       join shards; :mod:`~r3rag.evaluation.compare` runs side by side

@@ -7,8 +7,8 @@ scores, so the metrics below are plain means over rows, in percent, rounded to 0
     the rule metrics of :mod:`r3rag.metrics` (cover-EM is R1-Searcher's ACC_R, ``acc`` FlashRAG's
     substring accuracy); a question without an answer scores 0 on each.
 ``judge_acc``, ``rule_or_judge_acc`` (when the run asked a judge)
-    the judge's verdict (R1-Searcher's ACC_L; a failed judge call counts as wrong), and R3-RAG's
-    ACC: correct when cover-EM holds, else when the judge says so.
+    the judge's verdict (R1-Searcher's ACC_L), and R3-RAG's ACC: correct when cover-EM holds,
+    else when the judge says so.
 ``accuracy_by_steps``
     for k = 1..K (K the most steps any trajectory took): the score a question would get if its
     trajectory had been cut after k steps, i.e. its score when it answered within its first k
@@ -18,6 +18,10 @@ scores, so the metrics below are plain means over rows, in percent, rounded to 0
     percentile bootstrap: ``bootstrap`` resamples of the rows with replacement (one shared set of
     resample indices for all metrics, drawn from ``numpy.random.default_rng(seed)``), the 2.5th
     and 97.5th percentiles of each resampled mean.
+
+A row that records an infrastructure failure (a dead retriever, model server or judge:
+:mod:`r3rag.evaluation.failures`) is not a prediction: it is left out of every number and
+counted apart under ``failed`` (kind -> rows); ``n`` counts the scored rows.
 
 Averages of retrievals, generated tokens and steps per question, the share of each stop
 reason, a retrievals histogram, and per-hop-count and per-type breakdowns (from the question's
@@ -31,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from r3rag.evaluation.failures import counts, split_failed
 from r3rag.metrics import METRIC_NAMES
 from r3rag.rollout.trajectory import STOP_REASONS
 
@@ -101,10 +106,11 @@ def breakdown(rows: Sequence[dict[str, Any]], key: str) -> dict[str, dict[str, A
 
 def aggregate(rows: Sequence[dict[str, Any]], bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
     """All metrics of a run. ``rows`` must be in dataset order (the bootstrap depends on it)."""
-    rows = sorted(rows, key=lambda r: r["index"])
+    rows, failed = split_failed(sorted(rows, key=lambda r: r["index"]))
+    apart = {"failed": counts(failed)} if failed else {}
     n = len(rows)
     if n == 0:
-        return {"n": 0, "metrics": {}}
+        return {"n": 0, "metrics": {}, **apart}
     cols = metric_columns(rows)
     stops = Counter(r["stop_reason"] or "none" for r in rows)
     retrievals = Counter(int(r["num_retrievals"]) for r in rows)
@@ -121,4 +127,5 @@ def aggregate(rows: Sequence[dict[str, Any]], bootstrap: int = 1000, seed: int =
         "accuracy_by_steps": accuracy_by_steps(rows),
         "by_hops": breakdown(rows, "hops"),
         "by_type": breakdown(rows, "type"),
+        **apart,
     }

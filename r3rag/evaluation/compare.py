@@ -25,6 +25,9 @@ def load_results(run_dir: str | Path) -> dict[str, Any]:
         raise DataError(f"{path}: not valid JSON ({err.msg})") from None
     if not isinstance(data, dict) or "metrics" not in data:
         raise DataError(f"{path}: not an evaluation results file")
+    if data.get("complete") is False:
+        raise DataError(f"{path}: an incomplete run ({data['n_questions'] - data['n']} of {data['n_questions']} "
+                        "questions not evaluated because a service failed); rerun it to retry them, then compare")
     return data
 
 

@@ -79,6 +79,9 @@ class RunConfig(Section):
     shard: str | None = Field(None, description="'i/n': keep questions whose position p has p % n == i")
     judge: bool = Field(False, description="ask the LLM judge (judge section) for every prediction")
     progress: bool = True
+    stop_after_failed_batches: int = Field(
+        2, ge=0, description="stop once this many batches in a row had every question fail on a service (dead retriever, "
+        "model server or judge); the rest waits for the rerun (0: never stop early)")
 
     @field_validator("shard")
     @classmethod

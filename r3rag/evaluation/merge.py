@@ -5,7 +5,9 @@ shard, and the run's key: every setting that can change predictions) and ``predi
 The shards must agree on everything but the shard, cover every
 question position ``first_position..first_position+n_total-1`` exactly once (``first_position``
 is 0 unless the run skipped the dataset's first questions), and then give the same ``results.json`` as one
-unsharded run (the metrics are computed from the rows in dataset order).
+unsharded run (the metrics are computed from the rows in dataset order). A shard with questions a
+service failed for (``failures.jsonl``, :mod:`r3rag.evaluation.failures`) is refused with their
+count: rerun that shard first.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from r3rag.errors import DataError
+from r3rag.evaluation.failures import FAILURES, counts, split_failed
 from r3rag.evaluation.predictions import PREDICTIONS, load_rows, write_rows
 from r3rag.evaluation.report import write_report
 from r3rag.evaluation.run_key import key_difference
@@ -51,7 +54,13 @@ def merge_runs(shard_dirs: Sequence[str | Path], out: str | Path) -> dict[str, A
     rows: list[dict[str, Any]] = []
     where: dict[str, Path] = {}
     for d in dirs:
-        for r in load_rows(d / PREDICTIONS, repair=False):
+        good, failed = split_failed(load_rows(d / PREDICTIONS, repair=False))
+        failed += load_rows(d / FAILURES, repair=False)
+        if failed:
+            kinds = ", ".join(f"{k} {v}" for k, v in counts(failed).items())
+            raise DataError(f"{d}: {len(failed)} questions not evaluated because a service failed ({kinds}); "
+                            "rerun that shard's command to retry them, then merge")
+        for r in good:
             if r["id"] in where:
                 raise DataError(f"{d / PREDICTIONS}: id {r['id']!r} is also in {where[r['id']] / PREDICTIONS}")
             where[r["id"]] = d

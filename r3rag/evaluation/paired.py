@@ -133,7 +133,14 @@ def run_rows(path: str) -> list[dict[str, Any]]:
     file = p / "predictions.jsonl" if p.is_dir() else p
     if not file.is_file():
         raise DataError(f"{path}: no predictions.jsonl there (a finished evaluation run folder or its predictions file)")
-    rows = load_rows(file, repair=False)
+    from r3rag.evaluation.failures import FAILURES, counts, split_failed
+
+    rows, failed = split_failed(load_rows(file, repair=False))
+    failed += load_rows(file.parent / FAILURES, repair=False)
+    if failed:  # compared on the questions both answered, the failed ones would silently drop out
+        kinds = ", ".join(f"{k} {v}" for k, v in counts(failed).items())
+        raise DataError(f"{file.parent}: {len(failed)} questions not evaluated because a service failed ({kinds}); "
+                        "rerun that evaluation to retry them first")
     if not rows:
         raise DataError(f"{file}: no prediction rows")
     return rows

@@ -33,13 +33,31 @@ def _cell(r: dict[str, Any], m: str) -> str:
     return f"{value:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else f"{value:.1f}"
 
 
+def incomplete_note(r: dict[str, Any]) -> str | None:
+    """One sentence when a service failed for some of the run's questions (``None`` when complete).
+
+    >>> incomplete_note({"n": 1, "complete": False, "n_questions": 3, "failed": {"retrieval_failed": 2}, "not_attempted": 0})
+    'INCOMPLETE: 2 of 3 questions not evaluated (retrieval_failed 2); the numbers cover the 1 scored question(s) only. Rerun the same command to retry them.'
+    """
+    if r.get("complete", True):
+        return None
+    parts = [f"{k} {v}" for k, v in r.get("failed", {}).items()]
+    if r.get("not_attempted"):
+        parts.append(f"not attempted {r['not_attempted']}")
+    missing = r["n_questions"] - r["n"]
+    return (f"INCOMPLETE: {missing} of {r['n_questions']} questions not evaluated ({', '.join(parts)}); the numbers "
+            f"cover the {r['n']} scored question(s) only. Rerun the same command to retry them.")
+
+
 def results_table(results: Sequence[dict[str, Any]]) -> str:
-    """Markdown: one row per run (dataset, method, model), metrics with 95% bootstrap intervals."""
+    """Markdown: one row per run (dataset, method, model), metrics with 95% bootstrap intervals
+    (``n`` reads ``n of N`` when a service failed for some of the run's N questions)."""
     metrics = headline_metrics(results)
     head = ["dataset", "method", "model", "n", *(LABELS[m] for m in metrics), "retrievals/q", "tokens/q"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r["dataset"], r["method"], Path(str(r["model"])).name or str(r["model"]), str(r["n"]),
+        n = str(r["n"]) if r.get("complete", True) else f"{r['n']} of {r['n_questions']}"
+        cells = [r["dataset"], r["method"], Path(str(r["model"])).name or str(r["model"]), n,
                  *(_cell(r, m) for m in metrics), f"{r['avg_retrievals']:.2f}", f"{r['avg_generated_tokens']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -49,6 +67,10 @@ def csv_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         row: dict[str, Any] = {k: r[k] for k in ("dataset", "method", "model", "n")}
+        if not r.get("complete", True):  # a service failed for some questions: counted apart, never scored
+            row["n_questions"] = r["n_questions"]
+            row.update({f"failed_{k}": v for k, v in r.get("failed", {}).items()})
+            row["not_attempted"] = r.get("not_attempted", 0)
         for m, v in r["metrics"].items():
             row[m] = v
             ci = r.get("ci95", {}).get(m)
@@ -83,7 +105,8 @@ def _breakdown_table(title: str, column: str, groups: dict[str, dict[str, Any]])
 
 
 def markdown_report(r: dict[str, Any]) -> str:
-    lines = [f"# {r['method']} on {r['dataset']}", "", results_table([r]), "",
+    note = incomplete_note(r)
+    lines = [f"# {r['method']} on {r['dataset']}", "", *([f"**{note}**", ""] if note else []), results_table([r]), "",
              f"Answered: {r['answered']:.1f}% · steps/q {r['avg_steps']:.2f} · normaliser `{r['normalization']}` · "
              "intervals: 95% percentile bootstrap.", "", "### Stop reasons", "",
              "| reason | % |", "|---|---|"]
@@ -150,7 +173,11 @@ def write_report(out: str | Path, results: dict[str, Any]) -> list[Path]:
     """Write report.md, results.csv and the plots of one run into ``out``; returns the paths."""
     out = Path(out)
     if not results.get("n"):
-        return []
+        note = incomplete_note(results)
+        if note is None:
+            return []
+        (out / "report.md").write_text(f"# {results['method']} on {results['dataset']}\n\n**{note}**\n", encoding="utf-8")
+        return [out / "report.md"]
     (out / "report.md").write_text(markdown_report(results), encoding="utf-8")
     write_csv(out / "results.csv", csv_rows([results]))
     return [out / "report.md", out / "results.csv", *plot_run(out, results)]

@@ -18,7 +18,7 @@ judge when on) minus the settings that say *where* or *how fast*, not *what*:
 - speed and robustness knobs: ``model.device``, ``model.max_batch_size``,
   ``model.shared_prefix_tokens``, ``retriever.timeout_s``, ``retriever.retries``,
   ``retriever.bm25_backend``, ``run.batch_size``, ``run.bootstrap``, ``run.seed`` (the intervals
-  are recomputed from all rows), ``run.progress``, and the judge client's concurrency, timeouts,
+  are recomputed from all rows), ``run.progress``, ``run.stop_after_failed_batches``, and the judge client's concurrency, timeouts,
   retries, cache and key variable;
 - what every method overwrites: ``rollout.format`` and ``rollout.n_samples``;
 - the judge's settings unless ``run.judge`` is on; the model's settings (but its tokenizer) for
@@ -37,7 +37,7 @@ NOT_IN_KEY = frozenset({
     "model.device", "model.max_batch_size", "model.shared_prefix_tokens",
     "retriever.urls", "retriever.timeout_s", "retriever.retries", "retriever.bm25_backend",
     "rollout.format", "rollout.n_samples",
-    "run.batch_size", "run.bootstrap", "run.seed", "run.progress",
+    "run.batch_size", "run.bootstrap", "run.seed", "run.progress", "run.stop_after_failed_batches",
     "judge.concurrency", "judge.timeout_s", "judge.max_retries", "judge.backoff_s", "judge.backoff_max_s",
     "judge.cache_path", "judge.api_key_env",
 })

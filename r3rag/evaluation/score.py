@@ -4,7 +4,9 @@ Each line needs a prediction field and a gold field (a string or a list of alias
 names are detected from common conventions unless given: predictions from ``prediction``,
 ``pred``, ``pred_ans`` or ``pred_answer``; golds from ``golden_answers``, ``answer`` or ``answers``.
 An optional ``judge_field`` (e.g. R1-Searcher's ``gpt4o_output``) adds ``judge_acc``, the share of
-lines whose judge verdict is true.
+lines whose judge verdict is true. A line whose ``stop_reason`` says a service failed
+(``retrieval_failed``, ``backend_error``: rows of runs made before such questions were kept apart)
+is refused: it is not a prediction.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from r3rag.errors import DataError
 from r3rag.metrics import METRIC_NAMES, get_normalizer, mean_percent, qa_scores
+from r3rag.rollout.trajectory import INFRA_FAILURES
 
 PREDICTION_FIELDS = ("prediction", "pred", "pred_ans", "pred_answer")
 ANSWER_FIELDS = ("golden_answers", "answer", "answers")
@@ -75,6 +78,9 @@ def score_file(
                 raise DataError(f"{where}: not valid JSON ({err.msg})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object")
+            if obj.get("stop_reason") in INFRA_FAILURES:  # an old run's row: a dead service, not a prediction
+                raise DataError(f"{where}: stop_reason {obj['stop_reason']!r} is a service's failure, not a prediction; "
+                                "rerun that evaluation (benchmark/evaluate.py run, same --out) to retry it")
             pf = _pick(obj, prediction_field, PREDICTION_FIELDS, "prediction", where)
             af = _pick(obj, answer_field, ANSWER_FIELDS, "answer", where)
             pred = obj[pf]

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from r3rag.evaluation.evidence import report_lines as evidence_lines
-from r3rag.evaluation.paired import means_with_ci, paired_differences
-from r3rag.evaluation.predictions import load_rows
+from r3rag.evaluation.paired import means_with_ci, paired_differences, run_rows
 from r3rag.machine import BF16_MARK
 from r3rag.pipeline.by_type import by_type_lines
 from r3rag.pipeline.checks import NO_HELD_OUT_GAIN, claim, rl_claim
@@ -82,7 +81,7 @@ def collect_runs(ctx: Context) -> dict[str, dict[str, Any]]:
     runs = marker.get("summary", {}).get("runs", {})
     out = {}
     for name, info in runs.items():
-        rows = sorted(load_rows(Path(info["dir"]) / "predictions.jsonl", repair=False), key=lambda r: r["index"])
+        rows = sorted(run_rows(info["dir"]), key=lambda r: r["index"])  # refuses a run a service failed for
         out[name] = {**info, "rows": rows}
     return out
 

@@ -180,6 +180,7 @@ def _eval_settings(ctx: Context) -> dict[str, Any]:
 def run_eval(ctx: Context) -> dict[str, Any]:
     from r3rag.config import load_config
     from r3rag.evaluation.config import EvaluationConfig
+    from r3rag.evaluation.failures import EvaluationIncomplete
     from r3rag.evaluation.runner import run_evaluation
 
     cfg: QuickstartConfig = ctx.cfg
@@ -200,10 +201,14 @@ def run_eval(ctx: Context) -> dict[str, Any]:
         ]
         ecfg = load_config(EvaluationConfig, config_path, overrides)  # a bad override fails here, once
         out = ctx.work / "eval" / run["name"]
-        if cfg.eval.workers > 1:
-            outcome = run_sharded_evaluation(ctx, config_path, overrides, out, cfg.eval.workers, progress=ecfg.run.progress)
-        else:
-            outcome = run_evaluation(ecfg, out)
+        try:
+            if cfg.eval.workers > 1:
+                outcome = run_sharded_evaluation(ctx, config_path, overrides, out, cfg.eval.workers, progress=ecfg.run.progress)
+            else:
+                outcome = run_evaluation(ecfg, out)
+        except EvaluationIncomplete as err:  # never a number built on a dead service: stop; a rerun retries them
+            raise EvaluationIncomplete(f"evaluation {run['name']} ({run['method']}) stopped, nothing reported: {err}",
+                                       err.outcome) from None
         m = outcome.results.get("metrics", {})
         ctx.echo(f"          {run['name']:<14} EM {m.get('em', 0.0):5.1f}  F1 {m.get('f1', 0.0):5.1f}  "
                  f"cover-EM {m.get('cover_em', 0.0):5.1f}  ({outcome.new} new, {outcome.skipped} reused)")
@@ -225,14 +230,18 @@ def run_sharded_evaluation(ctx: Context, config_path: str, overrides: list[str],
     trained checkpoint's 300 questions 1.21x faster than one 2-thread process
     (``benchmark/perf/eval_workers.py``, docs/quickstart.md). Each shard resumes on its own after a
     kill; only the first shows a progress bar. The shards run in this process's working folder,
-    so relative paths in ``overrides`` mean what they mean here."""
+    so relative paths in ``overrides`` mean what they mean here. A shard that a service failed
+    (exit status 3) stops the others and raises :class:`~r3rag.evaluation.failures.EvaluationIncomplete`
+    with the failed questions of every shard; the rerun resumes each shard and retries them."""
     import os
     import sys
     import torch
 
+    from r3rag.evaluation.failures import FAILURES, EvaluationIncomplete, failure_line, latest_by_id
     from r3rag.evaluation.merge import merge_runs
+    from r3rag.evaluation.predictions import load_rows
     from r3rag.evaluation.runner import RUN_INFO, RunOutcome
-    from r3rag.pipeline.child import run_children
+    from r3rag.pipeline.child import ChildFailed, run_children
 
     cfg: QuickstartConfig = ctx.cfg
     threads = max(1, (cfg.model.threads or torch.get_num_threads()) // workers)  # this process's threads, shared out
@@ -246,8 +255,14 @@ def run_sharded_evaluation(ctx: Context, config_path: str, overrides: list[str],
             for i, d in enumerate(shards)]
     ctx.echo(f"          {out.name}: {workers} shard processes of {threads} thread(s) each; shard 0 shows its progress, "
              f"the others log to {shard_root}")
-    run_children(cmds, log_paths=[shard_root / f"{d.name}.log" for d in shards],
-                 envs=[env] * workers, echo=[ctx.echo_children and i == 0 for i in range(workers)])
+    try:
+        run_children(cmds, log_paths=[shard_root / f"{d.name}.log" for d in shards],
+                     envs=[env] * workers, echo=[ctx.echo_children and i == 0 for i in range(workers)])
+    except ChildFailed:
+        failed = [r for d in shards for r in latest_by_id(load_rows(d / FAILURES, repair=False)).values()]
+        if not failed:
+            raise
+        raise EvaluationIncomplete(failure_line(failed, 0, None, out) + " (the other shards were stopped; the rerun resumes them)") from None
     results = merge_runs(shards, out)
     infos = [json.loads((d / RUN_INFO).read_text(encoding="utf-8")) for d in shards]
     return RunOutcome(out, results, new=sum(int(i.get("new", 0)) for i in infos),
