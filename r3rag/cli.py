@@ -26,12 +26,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run_main(main: Callable[[], int | None]) -> None:
-    """Run a CLI ``main``: a user error prints one ``error: ...`` line and exits 2."""
+    """Run a CLI ``main``: a user error prints one ``error: ...`` line and exits 2 (or the error's
+    own ``exit_code``: 3 for an evaluation a service failed)."""
     try:
         code = main()
     except R3RagError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(err, "exit_code", 2))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -31,7 +31,8 @@ Examples:
   python -m r3rag.quickstart --redo rl               # redo RL (and what reads it)
 
 Exit status: 0 done; 2 a bad flag, config or input; 3 a stage produced nothing usable (no
-cold-start data kept, SFT loss not falling, RL reward flat with every group filtered); 4 with
+cold-start data kept, SFT loss not falling, RL reward flat with every group filtered) or a service
+failed during the evaluation (a rerun retries exactly the failed questions); 4 with
 --require-claims, a learning claim did not hold (SFT beat the base; RL moved its training reward
 and did no harm beyond its null control).
 """

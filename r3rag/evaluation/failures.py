@@ -46,7 +46,9 @@ class EvaluationIncomplete(R3RagError):
     """Some questions were not evaluated because a service failed; a rerun retries them.
 
     ``outcome`` is the run's :class:`~r3rag.evaluation.runner.RunOutcome` (``None`` when the
-    failure was seen in shard processes)."""
+    failure was seen in shard processes). Commands exit with status 3 on it."""
+
+    exit_code = 3
 
     def __init__(self, message: str, outcome: Any = None) -> None:
         super().__init__(message)

@@ -20,6 +20,7 @@ import numpy as np
 
 from r3rag.data.records import Question
 from r3rag.evaluation.aggregate import aggregate, bootstrap_ci
+from r3rag.evaluation.failures import failure_of
 from r3rag.evaluation.predictions import RowWriter, load_rows, prediction_row
 from r3rag.rollout.engine import RolloutEngine
 
@@ -79,9 +80,17 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def paired_difference(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], metric: str = "em",
                       resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """``after - before`` on the questions both answered: the mean difference (points) and its
-    paired percentile-bootstrap 95% interval."""
-    a = {r["id"]: float(r["scores"][metric]) for r in before}
-    b = {r["id"]: float(r["scores"][metric]) for r in after}
+    paired percentile-bootstrap 95% interval. A row a service failed for (:func:`failure_of`) is
+    not an answer and is left out on both sides.
+
+    >>> ok = lambda i, em: {"id": str(i), "scores": {"em": em}, "stop_reason": "answered"}
+    >>> dead = {"id": "0", "scores": {"em": 0.0}, "stop_reason": "retrieval_failed"}
+    >>> d = paired_difference([ok(0, 1.0), ok(1, 0.0)], [dead, ok(1, 1.0)], resamples=100)
+    >>> d["n"], d["diff"]
+    (1, 100.0)
+    """
+    a = {r["id"]: float(r["scores"][metric]) for r in before if failure_of(r) is None}
+    b = {r["id"]: float(r["scores"][metric]) for r in after if failure_of(r) is None}
     ids = [i for i in a if i in b]
     diff = np.array([b[i] - a[i] for i in ids], dtype=np.float64)
     ci = bootstrap_ci({metric: diff}, resamples, seed).get(metric, [0.0, 0.0])
@@ -94,7 +103,7 @@ def paired_reward(before: Sequence[dict[str, Any]], after: Sequence[dict[str, An
                   seed: int = 0) -> dict[str, Any] | None:
     """``after - before`` of the rows' training ``reward`` on the questions both scored (the
     reward's own units, not points): means, difference and its paired bootstrap 95% interval;
-    None when the rows carry no reward.
+    None when the rows carry no reward. Rows a service failed for are left out, as above.
 
     >>> b = [{"id": str(i), "reward": 0.0} for i in range(20)]
     >>> a = [{"id": str(i), "reward": 1.0 if i < 10 else 0.0} for i in range(20)]
@@ -102,8 +111,8 @@ def paired_reward(before: Sequence[dict[str, Any]], after: Sequence[dict[str, An
     >>> d["n"], d["before"], d["after"], d["diff"], d["ci95"][0] > 0
     (20, 0.0, 0.5, 0.5, True)
     """
-    a = {r["id"]: float(r["reward"]) for r in before if isinstance(r.get("reward"), (int, float))}
-    b = {r["id"]: float(r["reward"]) for r in after if isinstance(r.get("reward"), (int, float))}
+    a = {r["id"]: float(r["reward"]) for r in before if isinstance(r.get("reward"), (int, float)) and failure_of(r) is None}
+    b = {r["id"]: float(r["reward"]) for r in after if isinstance(r.get("reward"), (int, float)) and failure_of(r) is None}
     ids = [i for i in a if i in b]
     if not ids:
         return None
