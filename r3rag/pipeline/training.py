@@ -30,16 +30,33 @@ def _dump(ctx: Context, name: str) -> Any:
     return section
 
 
+def profile_file(ctx: Context) -> Path:
+    """The quickstart's rollout profile as an absolute path (relative ones from the repository root)."""
+    from r3rag.rollout.profile import profile_path
+
+    p = Path(ctx.cfg.profile)
+    if not p.is_absolute() and (ctx.repo_root / p).is_file():
+        p = ctx.repo_root / p
+    return profile_path(p).resolve()
+
+
+def profile_settings(ctx: Context) -> dict[str, Any]:
+    """The profile's values (not its path): a stage is redone when a budget changes."""
+    from r3rag.rollout.profile import load_profile
+
+    return load_profile(profile_file(ctx)).model_dump()
+
+
 def coldstart_settings(ctx: Context) -> Any:
-    return {"coldstart": _dump(ctx, "coldstart"), "base": ctx.cfg.model.base}
+    return {"coldstart": _dump(ctx, "coldstart"), "base": ctx.cfg.model.base, "profile": profile_settings(ctx)}
 
 
 def sft_settings(ctx: Context) -> Any:
-    return {"sft": _dump(ctx, "sft"), "base": ctx.cfg.model.base}
+    return {"sft": _dump(ctx, "sft"), "base": ctx.cfg.model.base, "profile": profile_settings(ctx)}
 
 
 def rl_settings(ctx: Context) -> Any:
-    return {"rl": _dump(ctx, "rl")}
+    return {"rl": _dump(ctx, "rl"), "profile": profile_settings(ctx)}
 
 
 def _program(ctx: Context, section: TrainStageSection, out: Path, wiring: list[str]) -> list[str]:
@@ -121,7 +138,7 @@ def run_coldstart(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     # the teacher writes in the student's tokenizer, so the kept ids are exact for its SFT
     wiring = [f"data.questions={world_dir(ctx) / 'train.jsonl'}", f"retriever.urls=[{retrieval_url(ctx)}]",
-              "retriever.index_dir=null", f"teacher.tokenizer={cfg.model.base}"]
+              "retriever.index_dir=null", f"teacher.tokenizer={cfg.model.base}", f"rollout.profile={profile_file(ctx)}"]
     if cfg.coldstart.limit:
         wiring.append(f"data.limit={cfg.coldstart.limit}")
     out = _run_stage_program(ctx, "coldstart", cfg.coldstart, wiring)
@@ -157,7 +174,8 @@ def sft_preflight(ctx: Context) -> None:
 def run_sft(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     data = ctx.work / "coldstart"
-    wiring = [f"model={cfg.model.base}", f"data.dataset_dir={data}"]
+    # the cutoff follows the profile the chains were written under: none is cut (train/sft.py refuses longer ones)
+    wiring = [f"model={cfg.model.base}", f"data.dataset_dir={data}", f"rollout_profile={profile_file(ctx)}"]
     out = _run_stage_program(ctx, "sft", cfg.sft, wiring)
     return checks.check_sft(out, require_loss_drop=cfg.sft.require_loss_drop)
 
@@ -170,6 +188,6 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     # uses eval.split (dev by default), so no number in the report was seen while training.
     wiring = [f"model.path={checkpoint_of(ctx, 'sft')}", *_world_wiring(ctx, "data"), "data.split=train",
               f"retriever.urls=[{retrieval_url(ctx)}]", *_world_wiring(ctx, "eval.dataset"),
-              f"eval.dataset.split={cfg.rl.monitor_split}"]
+              f"eval.dataset.split={cfg.rl.monitor_split}", f"rollout.profile={profile_file(ctx)}"]
     out = _run_stage_program(ctx, "rl", cfg.rl, wiring)
     return checks.check_rl(out, require_signal=cfg.rl.require_signal)
