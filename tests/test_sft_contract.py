@@ -15,7 +15,6 @@ ids and loss mask (end-of-turn convention of r3rag.train.sft.chat_slots).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -57,6 +56,7 @@ def _eot(tok) -> list[int]:
 def smollm2_chains(tmp_path_factory):
     """The shipped world cold start (configs/coldstart/world-oracle.yaml: its profile, teacher
     variety and format) on 4 questions of each hop count 1-2 and 8 of each 3-4, in SmolLM2's tokens."""
+    require_lf_env()
     root = tmp_path_factory.mktemp("shipped")
     tok_dir = smollm2_tokenizer_dir(root)
     world, index = make_world(root, size="small")
