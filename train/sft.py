@@ -1,13 +1,17 @@
 """Supervised fine-tuning on cold-start data through LLaMA-Factory (in its own virtual environment).
 
 Writes LLaMA-Factory's YAML from an r3rag config and runs it with r3rag's chat template
-registered (the tokens and loss mask LLaMA-Factory trains on are the RL rollout's). Re-running a
-killed run resumes from its last checkpoint; a finished run is skipped unless --force.
+registered (the tokens and loss mask LLaMA-Factory trains on are the RL rollout's). Every example
+is measured first: one longer than data.cutoff_len (which LLaMA-Factory would cut) stops the run
+with one line (exit 2), unless --set data.drop_longer=true leaves those out and says how many. The
+cutoff defaults to the total budget of the config's rollout_profile. Re-running a killed run
+resumes from its last checkpoint; a finished run is skipped unless --force.
 Create the environment first: bash train/envs/llamafactory.sh
 
     python train/sft.py --config configs/sft/world-smollm2-cpu.yaml
     python train/sft.py --config configs/sft/r3rag-qwen2.5-7b.yaml --set launch.nproc_per_node=8
     python train/sft.py --config configs/sft/world-smollm2-cpu.yaml --dry-run   # print the YAML and command
+    python train/sft.py --config configs/sft/world-smollm2-cpu.yaml --set data.cutoff_len=1024 --set data.drop_longer=true
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ One file says, for every stage, what it runs on and how big it is. The training 
 (cold start, SFT, RL) are separate programs with their own configs (``configs/coldstart``,
 ``configs/sft``, ``configs/rl``); this file names which of their configs to use and adds
 ``--set`` overrides for them, while the pipeline itself fills in the wiring (where the world,
-the retrieval service, the previous stage's checkpoint and the output folder are).
+the retrieval service, the previous stage's checkpoint and the output folder are) and gives every
+stage the same rollout profile (``profile``: cold start's, RL's and evaluation's budgets, SFT's
+cutoff).
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ class EvalSection(Section):
         True, description="also evaluate RL's null control, a copy of SFT moved by RL's update with a random sign per "
         "parameter (one more trained-model evaluation: about 4 min for 300 questions on 2 cores)")
     set: list[str] = Field(default_factory=list, description="extra evaluation overrides for every run")
-    trained_set: list[str] = Field(default_factory=list, description="extra evaluation overrides for the SFT/RL runs")
+    trained_set: list[str] = Field(default_factory=list, description="extra evaluation overrides for the SFT/RL runs "
+                                   "(after the profile's budgets, which every run gets)")
 
 
 class ReportSection(Section):
@@ -126,6 +129,8 @@ class QuickstartConfig(Section):
         default_factory=lambda: ["world", "index", "coldstart", "sft", "rl", "eval", "report"],
         description="stages run by default (--stages picks a subset)",
     )
+    profile: str = Field("configs/rollout/world-smollm2.yaml", description="rollout profile (turn, trajectory and context "
+                         "budgets, steps, documents) given to cold start, SFT (its cutoff), RL and every evaluation run")
     world: WorldSection = Field(default_factory=WorldSection)
     retrieval: RetrievalSection = Field(default_factory=RetrievalSection)
     model: ModelSection = Field(default_factory=ModelSection)

@@ -128,19 +128,26 @@ def checkpoint_of(ctx: Context, stage: str) -> str:
 
 def eval_runs(ctx: Context) -> list[dict[str, Any]]:
     """``[{"name", "role", "method", "model", "overrides"}]``: every evaluation run of the stage."""
+    from r3rag.pipeline.training import profile_file
+    from r3rag.rollout.profile import load_profile
+
     cfg: QuickstartConfig = ctx.cfg
+    # every run gets the profile's budgets as explicit keys: the trained models are evaluated with
+    # the budgets they were trained under, whatever the evaluation config says
+    path = profile_file(ctx)
+    profile = [f"rollout.profile={path}", *load_profile(path).overrides("rollout")]
     runs = []
     for m in [*cfg.eval.base_methods, *[x for x in cfg.eval.extra_methods if x not in cfg.eval.base_methods]]:
         role = "base" if m in cfg.eval.base_methods else "extra"
         runs.append({"name": f"base-{m}" if role == "base" else m, "role": role, "method": m, "model": cfg.model.base,
-                     "overrides": [f"rollout.prompt_variant={cfg.eval.base_prompt_variant}"]})
+                     "overrides": [*profile, f"rollout.prompt_variant={cfg.eval.base_prompt_variant}"]})
     trained = trained_models(cfg)
     if "rl" in trained and cfg.eval.null_control:
         trained.append(NULL_ROLE)  # RL's update with random signs, evaluated as RL is
     for stage in trained:
         runs.append({"name": NULL_RUN if stage == NULL_ROLE else stage, "role": stage, "method": cfg.eval.trained_method,
                      "model": None,
-                     "overrides": [f"rollout.prompt_variant={cfg.eval.trained_prompt_variant}", *cfg.eval.trained_set]})
+                     "overrides": [*profile, f"rollout.prompt_variant={cfg.eval.trained_prompt_variant}", *cfg.eval.trained_set]})
     return runs
 
 
@@ -322,7 +329,7 @@ def build_stages(cfg: QuickstartConfig) -> list[Stage]:
         Stage("eval", "evaluate on held-out questions", run_eval, needs=eval_needs, reset=reset_eval,
               settings=lambda ctx: {"eval": _eval_settings(ctx), "base": ctx.cfg.model.base,
                                     "bootstrap": ctx.cfg.report.bootstrap, "seed": ctx.cfg.report.seed,
-                                    **training.precision_setting(ctx)}),
+                                    "profile": training.profile_settings(ctx), **training.precision_setting(ctx)}),
         Stage("report", "write the report", run_report, needs=("eval",), always=True),
     ]
     assert tuple(s.name for s in stages) == STAGE_ORDER

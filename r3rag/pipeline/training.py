@@ -30,8 +30,25 @@ def _dump(ctx: Context, name: str) -> Any:
     return section
 
 
+def profile_file(ctx: Context) -> Path:
+    """The quickstart's rollout profile as an absolute path (relative ones from the repository root)."""
+    from r3rag.rollout.profile import profile_path
+
+    p = Path(ctx.cfg.profile)
+    if not p.is_absolute() and (ctx.repo_root / p).is_file():
+        p = ctx.repo_root / p
+    return profile_path(p).resolve()
+
+
+def profile_settings(ctx: Context) -> dict[str, Any]:
+    """The profile's values (not its path): a stage is redone when a budget changes."""
+    from r3rag.rollout.profile import load_profile
+
+    return load_profile(profile_file(ctx)).model_dump()
+
+
 def coldstart_settings(ctx: Context) -> Any:
-    return {"coldstart": _dump(ctx, "coldstart"), "base": ctx.cfg.model.base}
+    return {"coldstart": _dump(ctx, "coldstart"), "base": ctx.cfg.model.base, "profile": profile_settings(ctx)}
 
 
 def precision_setting(ctx: Context) -> dict[str, str]:
@@ -41,11 +58,11 @@ def precision_setting(ctx: Context) -> dict[str, str]:
 
 
 def sft_settings(ctx: Context) -> Any:
-    return {"sft": _dump(ctx, "sft"), "base": ctx.cfg.model.base, **precision_setting(ctx)}
+    return {"sft": _dump(ctx, "sft"), "base": ctx.cfg.model.base, "profile": profile_settings(ctx), **precision_setting(ctx)}
 
 
 def rl_settings(ctx: Context) -> Any:
-    return {"rl": _dump(ctx, "rl"), **precision_setting(ctx)}
+    return {"rl": _dump(ctx, "rl"), "profile": profile_settings(ctx), **precision_setting(ctx)}
 
 
 def _program(ctx: Context, section: TrainStageSection, out: Path, wiring: list[str]) -> list[str]:
@@ -127,7 +144,7 @@ def run_coldstart(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     # the teacher writes in the student's tokenizer, so the kept ids are exact for its SFT
     wiring = [f"data.questions={world_dir(ctx) / 'train.jsonl'}", f"retriever.urls=[{retrieval_url(ctx)}]",
-              "retriever.index_dir=null", f"teacher.tokenizer={cfg.model.base}"]
+              "retriever.index_dir=null", f"teacher.tokenizer={cfg.model.base}", f"rollout.profile={profile_file(ctx)}"]
     if cfg.coldstart.limit:
         wiring.append(f"data.limit={cfg.coldstart.limit}")
     out = _run_stage_program(ctx, "coldstart", cfg.coldstart, wiring)
@@ -163,7 +180,8 @@ def sft_preflight(ctx: Context) -> None:
 def run_sft(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     data = ctx.work / "coldstart"
-    wiring = [f"model={cfg.model.base}", f"data.dataset_dir={data}"]
+    # the cutoff follows the profile the chains were written under: none is cut (train/sft.py refuses longer ones)
+    wiring = [f"model={cfg.model.base}", f"data.dataset_dir={data}", f"rollout_profile={profile_file(ctx)}"]
     if cfg.model.precision != "auto":  # else the config's own (auto: the same rule)
         wiring.append(f"train.precision={cfg.model.precision}")
     out = _run_stage_program(ctx, "sft", cfg.sft, wiring)
@@ -189,7 +207,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     cfg: QuickstartConfig = ctx.cfg
     sft = checkpoint_of(ctx, "sft")
     wiring = [f"model.path={sft}", *_world_wiring(ctx, "data"), "data.split=train",
-              f"retriever.urls=[{retrieval_url(ctx)}]", *rl_check_wiring(ctx)]
+              f"retriever.urls=[{retrieval_url(ctx)}]", *rl_check_wiring(ctx), f"rollout.profile={profile_file(ctx)}"]
     if cfg.model.precision != "auto":
         wiring.append(f"model.compute_dtype={cfg.model.precision}")
     out = _run_stage_program(ctx, "rl", cfg.rl, wiring)

@@ -1,8 +1,12 @@
-"""Settings of the rollout engine (``rollout:`` section of a YAML config)."""
+"""Settings of the rollout engine (``rollout:`` section of a YAML config).
+
+``profile: PATH`` names a rollout profile (:mod:`r3rag.rollout.profile`): its budgets fill every
+budget key the section does not set, so the stages that share a profile share their budgets.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -10,6 +14,7 @@ from r3rag.config import Section
 
 
 class RolloutConfig(Section):
+    profile: str | None = Field(None, description="rollout profile (configs/rollout/*.yaml) whose budgets fill the keys not set here")
     format: str = Field("r3rag_steps", description="trajectory format name (r3rag_steps | r1searcher_tags | ...)")
     mode: Literal["chat", "raw"] = "chat"
     observation_role: str = Field("tool", description="chat role of the documents turn (rendered by the chat template)")
@@ -36,6 +41,15 @@ class RolloutConfig(Section):
     temperatures: list[float] | None = Field(None, description="per-sample temperatures (sample j uses item j, last repeats)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_profile(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("profile"):
+            from r3rag.rollout.profile import load_profile
+
+            data = {**load_profile(data["profile"]).model_dump(), **data}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "RolloutConfig":

@@ -229,12 +229,14 @@ class ColdStartBuilder:
 
 
 def _data_key(config_yaml: str) -> str:
-    """The config minus settings that do not change the data (progress bar, where the folder is)."""
+    """The config minus settings that do not change the data (progress bar, where the folder is,
+    where the rollout profile file is: its values are in the rollout section)."""
     import yaml
 
     data = yaml.safe_load(config_yaml) or {}
     data.get("output", {}).pop("progress", None)
     data.get("output", {}).pop("dir", None)
+    data.get("rollout", {}).pop("profile", None)
     return json.dumps(data, sort_keys=True)
 
 
@@ -253,7 +255,8 @@ def write_dataset_info_atomic(out: Path, prefix: str) -> None:
 
 
 def summarize(out: str | Path) -> dict[str, Any]:
-    """Questions tried, kept, dropped by reason, attempts per kept chain, steps, retrievals, tokens."""
+    """Questions tried, kept, dropped by reason, attempts per kept chain, steps, retrievals, tokens
+    (with the longest chain's)."""
     decisions = read_rows(out, "decisions")
     state_elapsed = 0.0
     for p in sorted((Path(out) / "state").glob("part-*.jsonl")):
@@ -288,6 +291,9 @@ def summarize(out: str | Path) -> dict[str, Any]:
             "prompt": sum(d.get("prompt_tokens", 0) for d in kept),
             "generated": sum(d.get("generated_tokens", 0) for d in kept),
             "documents": sum(d.get("env_tokens", 0) for d in kept),
+            # the longest kept chain (prompt + turns + documents): SFT's cutoff must be at least this
+            "longest_chain": max((d.get("prompt_tokens", 0) + d.get("generated_tokens", 0) + d.get("env_tokens", 0)
+                                  for d in kept), default=0),
         },
         "elapsed_s": round(state_elapsed, 2),
         "kept_per_s": round(len(kept) / state_elapsed, 2) if state_elapsed else None,

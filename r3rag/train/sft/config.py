@@ -1,7 +1,8 @@
 """Settings of an SFT run (``configs/sft/*.yaml``) and the LLaMA-Factory YAML written from them.
 
 Our config names the model (a folder, a hub name, a ``.gguf`` file or ``smollm2``), the cold-start
-folder and dataset, the training recipe and how to launch; :func:`llamafactory_args` turns it into
+folder and dataset, the training recipe and how to launch; its cutoff follows the rollout profile the
+data was written under (``rollout_profile``), so no chain is cut; :func:`llamafactory_args` turns it into
 LLaMA-Factory's own keys (``model_name_or_path``, ``stage: sft``, ``template``, ``dataset``,
 ``dataset_dir``, ``cutoff_len``, ...). Anything else LLaMA-Factory knows goes under ``extra:``
 and is passed through unchanged.
@@ -11,16 +12,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from r3rag.config import Section
 from r3rag.precision import Precision, choose_precision
+
+#: the cutoff without a rollout profile (R3-RAG's recipes)
+DEFAULT_CUTOFF_LEN = 4096
 
 
 class DataSection(Section):
     dataset_dir: str = Field("runs/coldstart/world-r3rag_steps", description="cold-start output folder (has dataset_info.json)")
     dataset: str = Field("r3rag_steps_sharegpt", description="a name in its dataset_info.json (or several, comma-separated)")
-    cutoff_len: int = 4096
+    cutoff_len: int | None = Field(None, ge=1, description="longest example in tokens (LLaMA-Factory cuts longer ones, so "
+                                   "train/sft.py refuses them); unset: the rollout profile's total budget + 16, else 4096")
+    drop_longer: bool = Field(False, description="leave out (and count) examples longer than cutoff_len instead of refusing the dataset")
     max_samples: int | None = None
     preprocessing_num_workers: int | None = None
 
@@ -63,11 +69,24 @@ class SFTConfig(Section):
     model: str = Field("smollm2", description="folder, hub name, .gguf file or smollm2 (converted to a folder once, cached)")
     template: str = Field("r3rag", description="r3rag: the model's own chat template cut at the rollout's turn boundaries")
     observation_role: str = Field("tool", description="must equal the rollout's rollout.observation_role")
+    rollout_profile: str | None = Field(None, description="the rollout profile the data was written under "
+                                        "(configs/rollout/*.yaml): data.cutoff_len defaults to its total budget + 16")
     output_dir: str = "runs/sft/world-smollm2"
     data: DataSection = DataSection()
     train: TrainSection = TrainSection()
     launch: LaunchSection = LaunchSection()
     extra: dict[str, Any] = Field(default_factory=dict, description="more LLaMA-Factory keys, passed through")
+
+    @model_validator(mode="after")
+    def _cutoff(self) -> "SFTConfig":
+        if self.data.cutoff_len is None:
+            if self.rollout_profile:
+                from r3rag.rollout.profile import load_profile
+
+                self.data.cutoff_len = load_profile(self.rollout_profile).sft_cutoff_len()
+            else:
+                self.data.cutoff_len = DEFAULT_CUTOFF_LEN
+        return self
 
 
 def sft_device(cfg: SFTConfig) -> str:

@@ -2,7 +2,9 @@
 
 1. the base model becomes an HF folder (a GGUF file is converted once, cached:
    :mod:`r3rag.train.sft.base_model`);
-2. the dataset folder is checked (``dataset_info.json`` names the dataset, the files exist);
+2. the dataset folder is checked (``dataset_info.json`` names the dataset, the files exist) and
+   every example measured: one longer than ``data.cutoff_len`` stops the run unless
+   ``data.drop_longer`` leaves it out (:mod:`r3rag.train.sft.lengths`);
 3. ``OUTPUT_DIR/r3rag_sft.yaml`` gets LLaMA-Factory's YAML (:func:`r3rag.train.sft.config.llamafactory_args`)
    and ``OUTPUT_DIR/r3rag_config.yaml`` our config;
 4. ``VENV/bin/python -m r3rag.train.sft.lf_launch r3rag_sft.yaml`` runs it (our template is
@@ -72,16 +74,26 @@ def command(cfg: SFTConfig, lf_yaml: Path) -> list[str]:
     return [str(py), "-m", "r3rag.train.sft.lf_launch", str(lf_yaml)]
 
 
-def prepare(cfg: SFTConfig) -> tuple[list[str], dict[str, str], Path]:
+def prepare(cfg: SFTConfig, lengths: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str], Path]:
+    """Write the YAMLs and return ``(command, environment, output folder)``; ``lengths``, when
+    given, receives the length check's report (:mod:`r3rag.train.sft.lengths`)."""
     from r3rag.train.sft.base_model import ensure_hf_folder
+    from r3rag.train.sft.lengths import check_lengths
 
     check_dataset(cfg)
     model = ensure_hf_folder(cfg.model)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    report = check_lengths(cfg, model, out)
+    if report.dropped:
+        print(f"data: left out {report.dropped} of {report.examples} examples longer than data.cutoff_len "
+              f"{report.cutoff_len} (longest {report.longest} tokens); training reads {report.dataset_dir}",
+              file=sys.stderr, flush=True)
+    if lengths is not None:
+        lengths.update(report.to_dict())
     precision = resolve_precision(cfg)
     args = llamafactory_args(cfg, str(model), precision)
-    args["dataset_dir"] = str(Path(cfg.data.dataset_dir).resolve())
+    args["dataset_dir"] = str(Path(report.dataset_dir).resolve())
     args["output_dir"] = str(out.resolve())
     lf_yaml = out / "r3rag_sft.yaml"
     lf_yaml.write_text(yaml.safe_dump(args, sort_keys=False), encoding="utf-8")
@@ -112,7 +124,8 @@ def run_sft(cfg: SFTConfig, force: bool = False, log: Any = None) -> dict[str, A
     done = out / DONE
     if done.is_file() and not force:
         return json.loads(done.read_text(encoding="utf-8")) | {"skipped": "already finished (force to redo)"}
-    cmd, env, out = prepare(cfg)
+    lengths: dict[str, Any] = {}
+    cmd, env, out = prepare(cfg, lengths)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT if log else None)
@@ -123,7 +136,8 @@ def run_sft(cfg: SFTConfig, force: bool = False, log: Any = None) -> dict[str, A
     tokens = state.get("num_input_tokens_seen") or 0
     result = {"output_dir": str(out), "wall_s": round(wall, 1), "train_runtime_s": state.get("train_runtime"),
               "global_step": state.get("global_step"), "epochs": state.get("epoch"), "final_loss": state.get("train_loss"),
-              "dataset_tokens": train_tokens(cfg)}
+              "dataset_tokens": train_tokens(cfg),
+              "examples": {k: lengths[k] for k in ("examples", "longest", "cutoff_len", "dropped")}}
     if tokens:
         result["tokens_seen"] = tokens
     done.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
