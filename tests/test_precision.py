@@ -66,6 +66,12 @@ def lf_yaml(tmp_path: Path, monkeypatch, *overrides: str) -> tuple[dict, dict]:
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     (venv / "bin" / "python").write_text("")
     monkeypatch.setattr(base_model, "ensure_hf_folder", lambda model, **kw: tmp_path / "model")
+    from r3rag.train.sft import lengths
+    from r3rag.train.sft.lengths import LengthReport
+
+    # the example-length check needs a real tokenizer; this test is about the precision keys only
+    monkeypatch.setattr(lengths, "check_lengths", lambda cfg, model, out: LengthReport(
+        examples=1, longest=1, cutoff_len=cfg.data.cutoff_len, longer=0, dataset_dir=str(cfg.data.dataset_dir)))
     cfg = load_config(SFTConfig, SFT_CPU, [f"data.dataset_dir={data}", f"output_dir={tmp_path / 'sft'}",
                                            f"launch.venv={venv}", *overrides])
     _, _, out = prepare(cfg)

@@ -78,7 +78,7 @@ def test_every_quickstart_stage_runs_under_the_presets_profile(preset, tmp_path,
     from r3rag.pipeline.runner import Context
     from r3rag.pipeline.state import PipelineState
 
-    cfg = load_config(QuickstartConfig, ROOT / f"configs/quickstart/{preset}.yaml", [f"work={tmp_path}"])
+    cfg = load_config(QuickstartConfig, ROOT / f"configs/quickstart/{preset}.yaml", [f"work={tmp_path}", "eval.null_control=false"])
     ctx = Context(cfg=cfg, work=tmp_path, repo_root=ROOT, echo=lambda line: None, echo_children=False)
     profile = load_profile(ROOT / cfg.profile)
     assert cfg.profile == WORLD_PROFILE
