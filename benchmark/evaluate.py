@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "a comma-separated list runs each into --out/METHOD with the model loaded once")
     p.add_argument("--model", help="local model folder, .gguf, 'smollm2' (packaged), or an OpenAI-compatible URL")
     p.add_argument("--retriever-url", action="append", default=[], metavar="URL",
-                   help="retrieval service URL (repeatable; default: the world's own BM25 index, in-process)")
+                   help="retrieval service URL (repeatable; default for --dataset world: the world's own BM25 index, in-process; other datasets need one)")
     p.add_argument("--out", required=True, help="run folder: predictions.jsonl, results.json, report.md, plots")
     p.add_argument("--limit", type=int, help="first N questions of the dataset (after --skip)")
     p.add_argument("--skip", type=int, help="leave out the dataset's first N questions (e.g. those consulted while "

@@ -13,7 +13,7 @@ whether the merged predictions equal the single process's.
     python benchmark/perf/eval_workers.py --model WORK/sft --world-dir WORK/world --questions 300
 
 The retrieval service runs in this process (retrieval is under 1% of a trained model's
-evaluation: docs/quickstart.md). The last line is a one-line JSON summary.
+evaluation: docs/results/quickstart.md). The last line is a one-line JSON summary.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A paired interval between two evaluation runs (:mod:`r3rag.evaluation.paired`) c
 *questions*: another draw of 300 questions would move the difference by about that much. It says
 nothing about the *training run*: on this project's world, two RL runs of one recipe from one SFT
 checkpoint, differing only in ``train.seed``, scored -3.7 and +0.3 EM against their start on the
-same 300 questions (docs/rl.md). A claim about a recipe has to cover both sources of chance.
+same 300 questions (docs/results/rl.md). A claim about a recipe has to cover both sources of chance.
 
 Here every replicate ``r`` of B is paired with A question by question, ``D[r, q] = B_r(q) - A(q)``
 (a ``runs x questions`` matrix over the questions every run answered). The estimate is the mean of

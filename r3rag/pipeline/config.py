@@ -103,7 +103,7 @@ class EvalSection(Section):
                        "with native bf16, measured 1.5x cheaper there, float32 elsewhere) | float32 | bfloat16")
     workers: int = Field(1, ge=1, description="processes per evaluation run, each on its shard of the questions with "
                          "threads/workers torch threads, merged afterwards (2 on 2 cores: 1.21x faster than one process "
-                         "of 2 threads, the same EM; in bf16 some predictions change with the batch; docs/quickstart.md)")
+                         "of 2 threads, the same EM; in bf16 some predictions change with the batch; docs/results/quickstart.md)")
     null_control: bool = Field(
         True, description="also evaluate RL's null control, a copy of SFT moved by RL's update with a random sign per "
         "parameter (one more trained-model evaluation: about 4 min for 300 questions on 2 cores)")

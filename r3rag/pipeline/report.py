@@ -43,7 +43,7 @@ COLUMN_LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM", "retrievals": "
 #: said under an RL claim: its interval covers the questions, not the training run
 RL_RUN_NOTE = ("With one RL run these intervals resample the held-out questions, not the training run: on this "
                "world two RL runs of one recipe from one SFT checkpoint, differing only in `train.seed`, scored 4 EM "
-               "apart on the same questions (docs/rl.md). To judge a recipe, train it with several `train.seed` values, "
+               "apart on the same questions (docs/results/rl.md). To judge a recipe, train it with several `train.seed` values, "
                "write each run's null control (`python -m r3rag.train.rl.update_noise random-sign SFT RUN --out NULL`) "
                "and compare with `python -m r3rag.evaluation.replicates WORK/eval/sft RUN1 RUN2 ... --control NULL1 "
                "NULL2 ...`: the interval then covers the runs too. Any change to a greedy student redraws some answers "

@@ -160,7 +160,7 @@ def run_order(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     The base model loads from its GGUF file, and after transformers has loaded a GGUF model,
     decoding in the same process is about 1.36x slower for the rest of its life: the same CPU time,
-    but 375k voluntary context switches instead of 2.6k in 64 questions (docs/quickstart.md,
+    but 375k voluntary context switches instead of 2.6k in 64 questions (docs/results/quickstart.md,
     "Evaluation order"). Evaluated first, the base would slow the SFT and RL runs behind it."""
     return sorted(runs, key=lambda r: r["role"] in ("base", "extra"))  # stable: the table's order within each
 
@@ -169,7 +169,7 @@ def eval_dtype(name: str, precision: str = "auto") -> str:
     """The evaluation's model dtype: ``name``, or where it is ``auto`` the quickstart's
     ``model.precision``, through the one rule (:func:`r3rag.precision.choose_precision`): bfloat16
     where the CPU has native bf16 arithmetic (avx512_bf16 / amx_bf16), where it measured about 1.5x
-    less CPU per evaluated question than float32 (docs/quickstart.md); float32 elsewhere."""
+    less CPU per evaluated question than float32 (docs/results/quickstart.md); float32 elsewhere."""
     from r3rag.precision import choose_precision
 
     return choose_precision(precision if name == "auto" else name, "cpu").torch_name
@@ -235,7 +235,7 @@ def run_sharded_evaluation(ctx: Context, config_path: str, overrides: list[str],
     :func:`r3rag.evaluation.merge.merge_runs` then writes ``out`` exactly as one unsharded run
     would (same rows, metrics and run key). On 2 cores, two 1-thread processes evaluated a
     trained checkpoint's 300 questions 1.21x faster than one 2-thread process
-    (``benchmark/perf/eval_workers.py``, docs/quickstart.md). Each shard resumes on its own after a
+    (``benchmark/perf/eval_workers.py``, docs/results/quickstart.md). Each shard resumes on its own after a
     kill; only the first shows a progress bar. The shards run in this process's working folder,
     so relative paths in ``overrides`` mean what they mean here. A shard that a service failed
     (exit status 3) stops the others and raises :class:`~r3rag.evaluation.failures.EvaluationIncomplete`

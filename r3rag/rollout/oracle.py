@@ -42,7 +42,7 @@ one fixed script learns the string, not the skill, so the oracle then behaves li
   "Upper Paenmouth and Starkvale are different, so the answer is no.") instead of only listing
   the facts (without it the answer is one token that must compare two facts at once, and the
   SmolLM2 student answers such questions at chance). Measured, it made SFT worse: the student
-  writes the sentence but compares the dates at chance (docs/coldstart_sft.md 5.0.4), so it is off;
+  writes the sentence but compares the dates at chance (docs/results/coldstart_sft.md, 5.0.4), so it is off;
 - when the sub-answer is not in the documents it rephrases and searches again
   (``max_retries`` per sub-question; de-duplication then shows the next passages of the ranking)
   before giving up, as long as the remaining steps (``max_steps``) still allow an answer.

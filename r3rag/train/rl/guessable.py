@@ -8,7 +8,7 @@ share of the kept groups, and what their advantages reward is whichever guess ca
 moves a shared answer prior ("yes" more often) rather than the reasoning behind it. Leaving them
 out of the RL prompts is a data-curation choice several RL-with-verifiable-rewards recipes make for
 the same reason (true/false and multiple-choice items dropped as guessable); evaluation keeps them.
-On the world this halved the width of RL's paired interval and did not add accuracy (docs/rl.md).
+On the world this halved the width of RL's paired interval and did not add accuracy (docs/results/rl.md).
 
 >>> from r3rag.data.records import Question
 >>> is_guessable(Question("a", "Were X and Y founded in the same country?", ["yes"]))

@@ -111,7 +111,7 @@ def resolve_rollout_weights(name: str, compute_dtype: torch.dtype, device: str) 
     """``auto``: a bf16 copy (``bfloat16``) on a CPU whose compute dtype is bfloat16, else the
     trainer's own model (``shared``). Under CPU autocast every decode step casts every float32
     weight to bf16 again (55% of a one-row step in a torch-profiler trace); the copy decoded
-    1.5x faster per step in the RL rollout (benchmark/perf/rl_rollout.py, docs/rl.md). On CUDA
+    1.5x faster per step in the RL rollout (benchmark/perf/rl_rollout.py, docs/results/rl.md). On CUDA
     the casts are cheap and the copy is not measured, so ``shared`` stays.
 
     >>> resolve_rollout_weights("auto", torch.bfloat16, "cpu"), resolve_rollout_weights("auto", torch.float32, "cpu")

@@ -261,7 +261,7 @@ def update_line(s: dict[str, Any]) -> str:
     """One paragraph for a report, from :func:`summarize_update`'s dict."""
     verdict = ("This update is at the noise floor: no parameter kept its direction across the steps, and a null "
                "control of such updates (the same sizes, random signs) cost SFT as much as the trained ones "
-               "(docs/rl.md, \"a null control\")." if s["at_noise_floor"] else
+               "(docs/results/rl.md, \"a null control\")." if s["at_noise_floor"] else
                "This update is above the noise floor: some parameters kept their direction across the steps.")
     return (f"RL update: the {s['moved']:,} trained parameters moved {s['mean_abs_delta']:.3g} on average in "
             f"{s['steps']} AdamW steps (lr {s['lr']:g}); AdamW moves them {s['noise_floor']:.3g} on pure-noise "
