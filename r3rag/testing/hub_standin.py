@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-import time
 from typing import Any
 
 import uvicorn
@@ -31,13 +30,16 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from r3rag.testing.standin_judge import free_port
+from r3rag.testing.threaded_server import ThreadedServer
 
 
 def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-class HubStandin:
+class HubStandin(ThreadedServer):
+    label = "stand-in hub"
+
     """``HubStandin({"datasets/owner/name": {"path": b"..."}}).start()``; ``.url`` is the endpoint."""
 
     def __init__(self, repos: dict[str, dict[str, bytes]] | None = None, lfs: bool = True,
@@ -170,27 +172,3 @@ class HubStandin:
         app.add_api_route("/{kind}/{owner}/{name}/resolve/{revision}/{path:path}", resolve_kind, methods=["GET", "HEAD"])
         app.add_api_route("/{owner}/{name}/resolve/{revision}/{path:path}", resolve, methods=["GET", "HEAD"])
         return app
-
-    def start(self) -> "HubStandin":
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="error", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("stand-in hub did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def __enter__(self) -> "HubStandin":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from r3rag.metrics import normalize_squad
+from r3rag.testing.threaded_server import ThreadedServer
 
 MODES: tuple[str, ...] = ("correct", "garbage", "slow", "error", "flaky")
 MAX_BODY_BYTES = 1_000_000
@@ -79,7 +80,9 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
 
 
-class StandinJudge:
+class StandinJudge(ThreadedServer):
+    label = "stand-in judge"
+
     """The stand-in server, run by uvicorn in a background thread on 127.0.0.1 and a free port."""
 
     def __init__(
@@ -141,30 +144,6 @@ class StandinJudge:
             return _completion(rule_reply(prompt), model)
 
         return app
-
-    def start(self) -> "StandinJudge":
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="error", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("stand-in judge did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def __enter__(self) -> "StandinJudge":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
