@@ -45,7 +45,21 @@ def sft_settings(ctx: Context) -> Any:
 
 
 def rl_settings(ctx: Context) -> Any:
-    return {"rl": _dump(ctx, "rl"), **precision_setting(ctx)}
+    """RL's settings; ``rl.start`` and the base model only when RL starts from the base, so that
+    work folders finished before the option existed stay finished."""
+    section = _dump(ctx, "rl")
+    if section.get("start") == "sft":
+        section.pop("start")
+        return {"rl": section, **precision_setting(ctx)}
+    return {"rl": section, "base": ctx.cfg.model.base, **precision_setting(ctx)}
+
+
+def rl_start(ctx: Context) -> str:
+    """The model RL starts from: the SFT stage's checkpoint, or with ``rl.start: base`` the
+    prompted base model itself (``model.base``: R1-Searcher's no-cold-start recipe)."""
+    from r3rag.pipeline.stages import checkpoint_of
+
+    return ctx.cfg.model.base if ctx.cfg.rl.start == "base" else checkpoint_of(ctx, "sft")
 
 
 def _program(ctx: Context, section: TrainStageSection, out: Path, wiring: list[str]) -> list[str]:
@@ -171,12 +185,12 @@ def run_sft(ctx: Context) -> dict[str, Any]:
 
 
 def run_rl(ctx: Context) -> dict[str, Any]:
-    from r3rag.pipeline.stages import checkpoint_of, retrieval_url
+    from r3rag.pipeline.stages import retrieval_url
 
     cfg: QuickstartConfig = ctx.cfg
     # RL watches its held-out accuracy on the world's test split; the quickstart's own evaluation
     # uses eval.split (dev by default), so no number in the report was seen while training.
-    wiring = [f"model.path={checkpoint_of(ctx, 'sft')}", *_world_wiring(ctx, "data"), "data.split=train",
+    wiring = [f"model.path={rl_start(ctx)}", *_world_wiring(ctx, "data"), "data.split=train",
               f"retriever.urls=[{retrieval_url(ctx)}]", *_world_wiring(ctx, "eval.dataset"),
               f"eval.dataset.split={cfg.rl.monitor_split}"]
     if cfg.model.precision != "auto":
