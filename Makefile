@@ -9,12 +9,13 @@ STAMP  := $(VENV)/.r3rag-installed
 TORCH  ?= torch==2.13.0
 WORK   ?= runs/quickstart
 
-.PHONY: help setup gpu-env envs quickstart quickstart-fast quickstart-prompted test test-fast bench clean
+.PHONY: help setup gpu-env envs quickstart quickstart-fast quickstart-prompted quickstart-from-base test test-fast bench clean
 
 help:
 	@echo "make quickstart   the main job on the embedded world: cold start -> SFT -> RL -> evaluation (CPU)"
 	@echo "make quickstart-fast      the same with fewer held-out questions (wider intervals)"
 	@echo "make quickstart-prompted  evaluation only: the oracle and the prompted SmolLM2 methods"
+	@echo "make quickstart-from-base RL from the prompted SmolLM2, no cold start, against that base"
 	@echo "make test         run the whole CPU test suite"
 	@echo "make setup        create .venv and install r3rag with its dev extras"
 	@echo "make gpu-env      create .venv-gpu with CUDA torch (EXTRAS=\"--vllm --faiss-gpu --flash-attn\" or --all; DRY_RUN=1 prints the commands)"
@@ -53,6 +54,9 @@ quickstart-fast: $(STAMP)
 
 quickstart-prompted: $(STAMP)
 	$(PY) -m r3rag.quickstart --preset prompted --work $(WORK)-prompted
+
+quickstart-from-base: $(STAMP)
+	$(PY) -m r3rag.quickstart --preset from-base --work $(WORK)-from-base
 
 # R3RAG_REQUIRE_ENVS=1: tests that need a trainer environment fail (instead of skipping) without it
 test: $(STAMP) envs

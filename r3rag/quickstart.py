@@ -20,12 +20,15 @@ unfinished one. The retrieval service is stopped at the end, also on Ctrl-C and 
 
 Presets (configs/quickstart/): full (the default: >= 300 held-out questions), fast (--fast: fewer
 held-out questions and less training; its intervals are wider), prompted (the evaluation-only
-quickstart: the prompted base model with several methods, no training).
+quickstart: the prompted base model with several methods, no training), from-base (RL from the
+prompted base, no cold start and no SFT, against that base: format-valid answers, retrievals by
+hop count, EM).
 
 Examples:
   python -m r3rag.quickstart                         # the full pipeline
   python -m r3rag.quickstart --fast                  # the fast preset
   python -m r3rag.quickstart --preset prompted       # evaluation only (no training)
+  python -m r3rag.quickstart --preset from-base      # RL from the prompted base (no cold start)
   python -m r3rag.quickstart --stages world-sft      # a prefix; --stages eval,report: a subset
   python -m r3rag.quickstart --set world.seed=1 --work runs/qs-seed1
   python -m r3rag.quickstart --redo rl               # redo RL (and what reads it)
@@ -34,7 +37,8 @@ Exit status: 0 done; 2 a bad flag, config or input; 3 a stage produced nothing u
 cold-start data kept, SFT loss not falling, RL reward flat with every group filtered) or a service
 failed during the evaluation (a rerun retries exactly the failed questions); 4 with
 --require-claims, a learning claim did not hold (SFT beat the base; RL moved its training reward
-and did no harm beyond its null control).
+and did no harm beyond its null control; from-base: format-valid answers did not double, its EM claim
+is the moonshot and is not required).
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def build_parser() -> ArgumentParser:
 
     p = ArgumentParser(prog="python -m r3rag.quickstart", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="full", help="full | fast | prompted | a YAML path (default: %(default)s)")
+    p.add_argument("--preset", default="full", help="full | fast | prompted | from-base | a YAML path (default: %(default)s)")
     p.add_argument("--fast", action="store_true", help="the fast preset (same as --preset fast)")
     p.add_argument("--stages", default=None,
                    help="stages to run: a comma list (eval,report) or a range (world-sft); default: the preset's")
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {Path(cfg.work) / 'report' / 'quickstart.md'}")
     if report.get("checkpoint"):
         print(f"demo with the trained model: bash startup/startup_visualize.sh --model {report['checkpoint']}")
-    if cfg.report.require_claims and not all(c["holds"] for c in report["claims"]):
+    if cfg.report.require_claims and not all(c["holds"] for c in report["claims"] if c.get("required", True)):
         print("error: the learning claims did not all hold (see above)", file=sys.stderr)
         return EXIT_CLAIMS
     return 0

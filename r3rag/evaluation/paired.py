@@ -81,14 +81,24 @@ def paired_differences(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[s
     """B minus A per column: ``{"diff", "ci95", "excludes_zero", "n"}`` on the shared questions."""
     a, b = align(rows_a, rows_b)
     ca, cb = columns(a, names), columns(b, names)
-    idx = _resample_idx(len(a), resamples, seed)
-    out = {}
-    for k in names:
-        d = cb[k] - ca[k]
-        lo, hi = _ci(d, idx)
-        out[k] = {"diff": round(float(d.mean()), 3), "ci95": [lo, hi], "excludes_zero": bool(lo > 0 or hi < 0),
-                  "n": len(d)}
-    return out
+    return {k: paired_values(ca[k], cb[k], resamples, seed) for k in names}
+
+
+def paired_values(values_a: Sequence[float], values_b: Sequence[float], resamples: int = 1000,
+                  seed: int = 0) -> dict[str, Any]:
+    """B minus A for any per-question values already aligned question by question (a column that
+    :data:`COLUMNS` does not have): ``{"diff", "ci95", "excludes_zero", "n"}``, the same bootstrap
+    (the same resampled questions for a given ``seed`` and count) as :func:`paired_differences`.
+
+    >>> paired_values([0, 0, 1, 0], [1, 1, 1, 0], resamples=200)["diff"]
+    0.5
+    """
+    a, b = np.asarray(values_a, dtype=np.float64), np.asarray(values_b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
+        raise DataError(f"paired values: two equally long non-empty lists needed, got {a.shape} and {b.shape}")
+    d = b - a
+    lo, hi = _ci(d, _resample_idx(len(d), resamples, seed))
+    return {"diff": round(float(d.mean()), 3), "ci95": [lo, hi], "excludes_zero": bool(lo > 0 or hi < 0), "n": len(d)}
 
 
 def select_rows(rows: Sequence[dict[str, Any]], spec: str | None) -> list[dict[str, Any]]:

@@ -73,6 +73,9 @@ class SftSection(CheckpointingStageSection):
 class RlSection(CheckpointingStageSection):
     script: str = "train/rl.py"
     config: str | None = "configs/rl/world_sft_grpo.yaml"
+    start: Literal["sft", "base"] = Field(
+        "sft", description="what RL starts from: sft (the SFT stage's checkpoint) | base (model.base, prompted: no cold "
+        "start and no SFT, as R1-Searcher trains; the preset then leaves coldstart and sft out of its stages)")
     monitor_split: str = Field("test", description="world split RL evaluates on before and after training when "
                                "reward_check is 0 (never eval.split)")
     reward_check: int = Field(
@@ -120,6 +123,10 @@ class ReportSection(Section):
     require_claims: bool = Field(False, description="exit non-zero when a learning claim does not hold (SFT > base; "
                                  "RL moved its training reward and did no harm beyond the null control)")
     budget_min: float | None = Field(None, gt=0, description="the preset's time budget after setup (the report compares)")
+    kind: Literal["training", "from_base"] = Field(
+        "training", description="training: base / SFT / RL and their claims (r3rag.pipeline.report) | from_base: RL from "
+        "the prompted base against that base, format-valid rate, retrievals by hop count, EM and their claims "
+        "(r3rag.pipeline.report_from_base)")
 
 
 class QuickstartConfig(Section):

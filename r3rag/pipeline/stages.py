@@ -6,7 +6,8 @@
                port) is started on first use by any stage and stopped when the pipeline ends
 ``coldstart``  the world's teacher answers train questions; correct chains kept (``WORK/coldstart``)
 ``sft``        SmolLM2 fine-tuned on them through LLaMA-Factory (``WORK/sft``: a checkpoint)
-``rl``         RL from the SFT checkpoint (``WORK/rl``: a checkpoint, metrics, curves)
+``rl``         RL from the SFT checkpoint, or with ``rl.start: base`` from the prompted base model
+               (``WORK/rl``: a checkpoint, metrics, curves)
 ``eval``       the base model, the SFT and the RL checkpoints and RL's null control (its update
                with random signs) on the same held-out questions (``WORK/eval/<run>``)
 ``report``     the table with 95% intervals and paired differences, the curves, two example
@@ -142,7 +143,7 @@ def eval_runs(ctx: Context) -> list[dict[str, Any]]:
         runs.append({"name": f"base-{m}" if role == "base" else m, "role": role, "method": m, "model": cfg.model.base,
                      "overrides": [*profile, f"rollout.prompt_variant={cfg.eval.base_prompt_variant}"]})
     trained = trained_models(cfg)
-    if "rl" in trained and cfg.eval.null_control:
+    if "rl" in trained and cfg.eval.null_control and cfg.rl.start == "sft":
         trained.append(NULL_ROLE)  # RL's update with random signs, evaluated as RL is
     for stage in trained:
         runs.append({"name": NULL_RUN if stage == NULL_ROLE else stage, "role": stage, "method": cfg.eval.trained_method,
@@ -301,7 +302,10 @@ def _repo_path(ctx: Context, path: str) -> str:
 
 
 def run_report(ctx: Context) -> dict[str, Any]:
-    from r3rag.pipeline.report import write_report
+    if ctx.cfg.report.kind == "from_base":  # RL from the prompted base: its own figures and claims
+        from r3rag.pipeline.report_from_base import write_report
+    else:
+        from r3rag.pipeline.report import write_report
 
     report = write_report(ctx)
     ctx.outputs["report"] = report  # the CLI prints it after the pipeline
@@ -324,7 +328,8 @@ def build_stages(cfg: QuickstartConfig) -> list[Stage]:
               settings=training.coldstart_settings),
         Stage("sft", "SFT through LLaMA-Factory", training.run_sft, needs=("coldstart",), settings=training.sft_settings,
               preflight=training.sft_preflight, after_done=training.clean_after("sft")),
-        Stage("rl", "RL from the SFT checkpoint", training.run_rl, needs=("sft", "index"), settings=training.rl_settings,
+        Stage("rl", "RL from the prompted base" if cfg.rl.start == "base" else "RL from the SFT checkpoint", training.run_rl,
+              needs=("world", "index") if cfg.rl.start == "base" else ("sft", "index"), settings=training.rl_settings,
               after_done=training.clean_after("rl")),
         Stage("eval", "evaluate on held-out questions", run_eval, needs=eval_needs, reset=reset_eval,
               settings=lambda ctx: {"eval": _eval_settings(ctx), "base": ctx.cfg.model.base,

@@ -62,7 +62,21 @@ def sft_settings(ctx: Context) -> Any:
 
 
 def rl_settings(ctx: Context) -> Any:
-    return {"rl": _dump(ctx, "rl"), "profile": profile_settings(ctx), **precision_setting(ctx)}
+    """RL's settings; ``rl.start`` and the base model only when RL starts from the base, so that
+    work folders finished before the option existed stay finished."""
+    section = _dump(ctx, "rl")
+    if section.get("start") == "sft":
+        section.pop("start")
+        return {"rl": section, "profile": profile_settings(ctx), **precision_setting(ctx)}
+    return {"rl": section, "base": ctx.cfg.model.base, "profile": profile_settings(ctx), **precision_setting(ctx)}
+
+
+def rl_start(ctx: Context) -> str:
+    """The model RL starts from: the SFT stage's checkpoint, or with ``rl.start: base`` the
+    prompted base model itself (``model.base``: R1-Searcher's no-cold-start recipe)."""
+    from r3rag.pipeline.stages import checkpoint_of
+
+    return ctx.cfg.model.base if ctx.cfg.rl.start == "base" else checkpoint_of(ctx, "sft")
 
 
 def _program(ctx: Context, section: TrainStageSection, out: Path, wiring: list[str]) -> list[str]:
@@ -202,18 +216,18 @@ def rl_check_wiring(ctx: Context) -> list[str]:
 
 
 def run_rl(ctx: Context) -> dict[str, Any]:
-    from r3rag.pipeline.stages import checkpoint_of, retrieval_url
+    from r3rag.pipeline.stages import retrieval_url
 
     cfg: QuickstartConfig = ctx.cfg
-    sft = checkpoint_of(ctx, "sft")
-    wiring = [f"model.path={sft}", *_world_wiring(ctx, "data"), "data.split=train",
+    start = rl_start(ctx)
+    wiring = [f"model.path={start}", *_world_wiring(ctx, "data"), "data.split=train",
               f"retriever.urls=[{retrieval_url(ctx)}]", *rl_check_wiring(ctx), f"rollout.profile={profile_file(ctx)}"]
     if cfg.model.precision != "auto":
         wiring.append(f"model.compute_dtype={cfg.model.precision}")
     out = _run_stage_program(ctx, "rl", cfg.rl, wiring)
     summary = checks.check_rl(out, require_signal=cfg.rl.require_signal)
-    if cfg.eval.null_control:
-        summary["null_control"] = str(write_null_control(Path(sft), Path(summary["checkpoint"]), out / NULL_CONTROL))
+    if cfg.eval.null_control and cfg.rl.start == "sft":  # the null control moves the SFT checkpoint
+        summary["null_control"] = str(write_null_control(Path(start), Path(summary["checkpoint"]), out / NULL_CONTROL))
     return summary
 
 

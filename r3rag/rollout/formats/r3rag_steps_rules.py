@@ -10,7 +10,8 @@ answer), ``query_and_answer``, ``multiple_queries``, ``multiple_answers``, ``emp
 ``empty_answer``, ``action_before_analysis``, ``multiple_steps`` (ran on into the next step),
 ``wrote_documents`` (the model invented the environment's documents), ``text_after_answer``
 (anything on the lines after ``The final answer: ...``), ``answer_too_long``; trajectory rules:
-``step_after_answer`` and ``no_steps``.
+``step_after_answer``, ``no_steps`` and, with ``FormatConfig.require_answer``, ``no_answer`` (no step
+gave a final answer: the chain ran out of steps or tokens, or stopped at a broken step).
 """
 
 from __future__ import annotations
@@ -110,4 +111,6 @@ def check_r3rag(traj: Any, cfg: FormatConfig) -> list[Violation]:
         if step.answer is not None and answered_at is None:
             answered_at = i
         out.extend(Violation(n, i) for n in dict.fromkeys(names))
+    if cfg.require_answer and answered_at is None:
+        out.append(Violation("no_answer"))
     return out

@@ -27,6 +27,10 @@ class FormatConfig(Section):
 
     max_answer_words: int | None = None  # R1-Searcher stage 2: 10
     require_think: bool = False
+    #: a trajectory that never gave a final answer breaks the format (``no_answer``); R1-Searcher's
+    #: tag format always requires one, R3-RAG's steps only with this set (a chain cut off by its
+    #: step budget is then invalid, as a tagged generation without ``<answer>`` is)
+    require_answer: bool = False
     end_markers: list[str] = DEFAULT_END_MARKERS
 
 
