@@ -160,7 +160,7 @@ def test_rl_starts_from_the_base_model_and_needs_no_sft(tmp_path, monkeypatch):
     monkeypatch.setattr("r3rag.pipeline.stages.retrieval_url", lambda ctx: "http://127.0.0.1:1")
     monkeypatch.setattr("r3rag.pipeline.stages.checkpoint_of", lambda ctx, stage: f"/ckpt/{stage}")
     base = QuickstartConfig.model_validate({"model": {"base": "/models/base"}, "rl": {"start": "base"}})
-    sft = QuickstartConfig.model_validate({"model": {"base": "/models/base"}})
+    sft = QuickstartConfig.model_validate({"model": {"base": "/models/base"}, "eval": {"null_control": False}})
     training.run_rl(_ctx(tmp_path, base))
     training.run_rl(_ctx(tmp_path, sft))
     assert "model.path=/models/base" in seen[0] and "model.path=/ckpt/sft" in seen[1]
@@ -189,12 +189,17 @@ def test_the_shipped_preset_evaluates_base_and_rl_as_rl_trains():
     rl = load_config(RLConfig, REPO / cfg.rl.config, []).check()
     assert cfg.eval.base_methods == [cfg.eval.trained_method] == [rl.rollout.format]
     assert cfg.eval.base_prompt_variant == cfg.eval.trained_prompt_variant == rl.rollout.prompt_variant
-    shared = dict(item.split("=", 1) for item in cfg.eval.set)
+    # one rollout profile: the preset's (every evaluation run gets it) is the one RL trains under
+    from r3rag.rollout.profile import load_profile
+
+    profile = load_profile(REPO / cfg.profile)
     for key in ("max_steps", "max_turn_tokens", "doc_max_chars", "max_new_tokens", "max_total_tokens"):
-        assert int(shared[f"rollout.{key}"]) == getattr(rl.rollout, key), key
+        assert getattr(profile, key) == getattr(rl.rollout, key), key
+    assert cfg.profile == rl.rollout.profile
     from r3rag.evaluation.config import EvaluationConfig
 
-    ev = load_config(EvaluationConfig, REPO / cfg.eval.config, cfg.eval.set)
+    ev = load_config(EvaluationConfig, REPO / cfg.eval.config, [*cfg.eval.set, f"rollout.profile={REPO / cfg.profile}",
+                                                                 *profile.overrides("rollout")])
     assert ev.rollout.mode == rl.rollout.mode and ev.rollout.docs_per_step == rl.rollout.docs_per_step
     # R1-Searcher's two stages, 5 + 10 minutes, each paying a format-valid answer (require_answer)
     stages = [load_config(RLConfig, REPO / cfg.rl.config, list(s.set)).check() for s in rl.stages]
