@@ -238,7 +238,7 @@ def test_rft_selection_keeps_each_questions_best_accepted_samples():
 
 def test_registry_refuses_an_unknown_name():
     # the names themselves are checked against OpenRLHF's own parser in tests/test_rl_openrlhf_parity.py
-    assert set(ALL_ESTIMATORS) == set(ESTIMATORS) | {"group_norm_split"}
+    assert set(ALL_ESTIMATORS) == set(ESTIMATORS) | {"group_norm_split", "tree_group_norm"}
     with pytest.raises(ValueError, match="unknown estimator"):
         run("ppo")
 

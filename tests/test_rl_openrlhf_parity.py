@@ -221,7 +221,7 @@ def test_estimator_names_are_openrlhfs_own_choices(parity):
     without an OpenRLHF counterpart."""
     theirs = set(parity["openrlhf_estimators"])
     assert "flash_reinforce" in theirs and theirs <= set(ALL_ESTIMATORS)
-    assert set(ALL_ESTIMATORS) - theirs == {"rft", "group_norm_split"}
+    assert set(ALL_ESTIMATORS) - theirs == {"rft", "group_norm_split", "tree_group_norm"}
 
 
 def test_reward_clip_default_is_openrlhfs(parity):

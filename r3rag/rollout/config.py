@@ -13,6 +13,22 @@ from pydantic import Field, model_validator
 from r3rag.config import Section
 
 
+class TreeConfig(Section):
+    """Step-level tree rollouts (:mod:`r3rag.rollout.tree`): ``roots`` chains per question, then at
+    each step boundary in ``at_steps`` every chain that went on past it gets ``branch - 1`` new
+    continuations from its prefix (the boundary ``s``: after step ``s - 1``'s documents)."""
+
+    roots: int = Field(2, ge=1, description="independent chains per question (the root's children)")
+    branch: int = Field(2, ge=2, description="continuations at each branching point, the original included")
+    at_steps: list[int] = Field(default_factory=lambda: [1], description="step boundaries to branch at (1 = after the first step's documents)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TreeConfig":
+        if not self.at_steps or any(s < 1 for s in self.at_steps) or sorted(set(self.at_steps)) != self.at_steps:
+            raise ValueError("at_steps: give increasing step boundaries, each at least 1")
+        return self
+
+
 class RolloutConfig(Section):
     profile: str | None = Field(None, description="rollout profile (configs/rollout/*.yaml) whose budgets fill the keys not set here")
     format: str = Field("r3rag_steps", description="trajectory format name (r3rag_steps | r1searcher_tags | ...)")
@@ -41,6 +57,8 @@ class RolloutConfig(Section):
     temperatures: list[float] | None = Field(None, description="per-sample temperatures (sample j uses item j, last repeats)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = 0
+    tree: TreeConfig | None = Field(None, description="step-level tree rollouts for RL (roots, branch, at_steps); "
+                                    "None: n_samples independent chains")
 
     @model_validator(mode="before")
     @classmethod

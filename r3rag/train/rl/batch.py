@@ -161,12 +161,26 @@ class RolloutBatch:
     step_table: torch.Tensor | None = None  # (B, S) float: each step's reward (a recipe's extras on the last step)
     query_steps: torch.Tensor | None = None  # (B, S) bool: the step issued a query
     step_id: torch.Tensor | None = None  # (B, T-1) long: the step of each generated token, -1 elsewhere
+    # the tree layout (``tree_group_norm``, :mod:`r3rag.train.rl.tree`): D = the deepest path
+    tree_node: torch.Tensor | None = None  # (B, D) long: batch-wide id of each branching point above the row, -1 pads
+    tree_child: torch.Tensor | None = None  # (B, D) long: the child subtree the row lies in at that point
+    tree_at: torch.Tensor | None = None  # (B, D) long: shifted position from which that point applies
 
     @property
     def step_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         if self.step_table is None or self.query_steps is None or self.step_id is None:
             return None
         return self.step_table, self.query_steps, self.step_id
+
+    @property
+    def tree_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if self.tree_node is None or self.tree_child is None or self.tree_at is None:
+            return None
+        return self.totals, self.tree_node, self.tree_child, self.tree_at
+
+    def layout_for(self, estimator: str) -> tuple[torch.Tensor, ...] | None:
+        """What a step estimator reads: the tree layout for ``tree_group_norm``, else the step layout."""
+        return self.tree_layout if estimator == "tree_group_norm" else self.step_layout
 
     @property
     def num_actions(self) -> int:
@@ -183,6 +197,7 @@ class RolloutBatch:
             None if self.step_table is None else self.step_table[ix],
             None if self.query_steps is None else self.query_steps[ix],
             None if self.step_id is None else self.step_id[ix, : T - 1],
+            *(None if x is None else x[ix] for x in (self.tree_node, self.tree_child, self.tree_at)),
         )
 
 
@@ -230,6 +245,7 @@ def build_batch(
         input_ids[b, :n] = torch.tensor(ids, dtype=torch.long)
         attn[b, :n] = 1
         mask = torch.tensor(t.loss_mask, dtype=torch.float32)
+        mask[: int(t.metadata.get("tree", {}).get("owns_from", 0))] = 0.0  # a branch's copied prefix is its parent's
         action[b, : n - 1] = mask[1:]
         pos = 0
         for seg in t.segments:
@@ -250,7 +266,12 @@ def build_batch(
         if temperature_for is not None:
             temps[b] = float(temperature_for(t.sample_index))
     totals = torch.tensor([float(r.total) for r in rewards], dtype=torch.float32)
-    return RolloutBatch(input_ids, attn, action, placed, roll, temps, group, totals, lengths, table, query, step_id)
+    from r3rag.train.rl.tree import tree_layout
+
+    paths = [t.metadata.get("tree", {}).get("path") or [{"node": "root", "child": f"s{b}", "at": 0}] for b, t in enumerate(trajs)]
+    node, child, at = tree_layout(paths, [t.question_id for t in trajs])
+    return RolloutBatch(input_ids, attn, action, placed, roll, temps, group, totals, lengths, table, query, step_id,
+                        node, child, at)
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -61,7 +61,8 @@ class AlgoConfig(Section):
     estimator: str = Field("reinforce_baseline", description="reinforce | reinforce_baseline | group_norm | rloo | dr_grpo | gae "
                            "| flash_reinforce (reward minus the rollout batch's mean, no group) "
                            "| rft (rejection sampling: imitate each question's best accepted samples, see rft_*) "
-                           "| group_norm_split (outcome and query steps normalised apart)")
+                           "| group_norm_split (outcome and query steps normalised apart) "
+                           "| tree_group_norm (each branch of a tree rollout against its siblings, see rollout.tree)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount over generated tokens")
     lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     no_std_norm: bool = Field(False, description="batch advantage normalisation subtracts the mean only")
@@ -166,7 +167,10 @@ class RLConfig(Section):
         """Settings that depend on each other (one-line :class:`ConfigError`)."""
         from r3rag.train.rl.estimators import GROUP_ESTIMATORS
 
-        if self.algo.estimator in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
+        if self.rollout.tree is not None and self.algo.estimator != "tree_group_norm":
+            raise ConfigError(f"rollout.tree needs algo.estimator=tree_group_norm (it compares each branch with its siblings); "
+                              f"got {self.algo.estimator}")
+        if self.algo.estimator in GROUP_ESTIMATORS and self.rollout.tree is None and self.rollout.n_samples < 2:
             raise ConfigError(f"algo.estimator {self.algo.estimator} compares samples of one question: set rollout.n_samples >= 2")
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):

@@ -89,7 +89,9 @@ from typing import Callable
 
 import torch
 
-GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "rloo", "dr_grpo", "group_norm_split")
+from r3rag.train.rl.tree import tree_group_norm
+
+GROUP_ESTIMATORS = ("reinforce_baseline", "group_norm", "rloo", "dr_grpo", "group_norm_split", "tree_group_norm")
 BATCH_NORMALISED = ("gae", "reinforce", "reinforce_baseline")
 UNDISCOUNTED = GROUP_ESTIMATORS + ("rft", "flash_reinforce")  # gamma forced to 1
 #: a group std at or below this is no spread (``algo.min_group_std``; the guard of the module docstring)
@@ -233,7 +235,7 @@ def split_group_norm(step_table: torch.Tensor, query_steps: torch.Tensor, step_i
 
 
 #: estimators that need the batch's step layout instead of a shaping of the total
-STEP_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {"group_norm_split": split_group_norm}
+STEP_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {"group_norm_split": split_group_norm, "tree_group_norm": tree_group_norm}
 
 #: every estimator name ``algo.estimator`` takes
 ALL_ESTIMATORS: tuple[str, ...] = tuple(ESTIMATORS) + tuple(STEP_ESTIMATORS)

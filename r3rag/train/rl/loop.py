@@ -541,6 +541,10 @@ class RLTrainer:
         cfg = self.cfg
         qs = [self.questions[i] for i in self.order.indices(it, cfg.train.questions_per_iter)]
         seed = cfg.rollout.seed + 1_000_003 * cfg.train.seed + it
+        if cfg.rollout.tree is not None:
+            from r3rag.rollout.tree import tree_rollout
+
+            return asyncio.run(tree_rollout(self.engine, qs, cfg.rollout.tree, seed=seed))
         if self._arun_takes_seed:
             return asyncio.run(self.engine.arun(qs, seed=seed))
         self.engine.config = cfg.rollout.model_copy(update={"seed": seed})
@@ -607,7 +611,8 @@ class RLTrainer:
     def _to(self, b: RolloutBatch) -> RolloutBatch:
         d = self.device
         return RolloutBatch(b.input_ids.to(d), b.attention_mask.to(d), b.action_mask.to(d), b.step_rewards, b.rollout_logprobs,
-                            b.temperatures.to(d), b.group, b.totals, b.lengths, b.step_table, b.query_steps, b.step_id)
+                            b.temperatures.to(d), b.group, b.totals, b.lengths, b.step_table, b.query_steps, b.step_id,
+                            b.tree_node, b.tree_child, b.tree_at)
 
     def old_logprobs_from_update(self) -> bool:
         """Without a reference model, the rows of the first optimizer step of the first pass take
@@ -656,7 +661,7 @@ class RLTrainer:
         adv = compute_advantages(
             a.estimator, batch.step_rewards, mask, batch.group, kl=kl, kl_coef=0.0 if a.kl_use_loss else a.kl_coef,
             values=values, gamma=a.gamma, lambd=a.lambd, no_std_norm=a.no_std_norm, reward_clip=a.reward_clip,
-            step_layout=batch.step_layout, min_std=a.min_group_std,
+            step_layout=batch.layout_for(a.estimator), min_std=a.min_group_std,
         )
         t1 = time.perf_counter()
         times["time/forward"] = t1 - t0
@@ -681,6 +686,12 @@ class RLTrainer:
             out["policy/logprob_mismatch"] = float((batch.rollout_logprobs[known] - old[known]).abs().mean())
         if kl is not None:
             out["kl/mean"] = float(kl.sum() / mask.sum())
+        if a.estimator == "tree_group_norm" and batch.tree_node is not None:
+            from r3rag.train.rl.tree import informative_comparisons
+
+            groups, informative = informative_comparisons(batch.totals, batch.tree_node, batch.tree_child, a.min_group_std)
+            out["tree/sibling_groups"], out["tree/informative_groups"] = groups, informative
+            out["tree/informative_per_1k_tokens"] = 1000.0 * informative / max(1.0, float(mask.sum()))
         out["advantage/mean"] = float((adv.advantages * mask).sum() / mask.sum())
         out["advantage/abs_mean"] = float((adv.advantages.abs() * mask).sum() / mask.sum())
         out["batch/generated_tokens"] = float(mask.sum())
