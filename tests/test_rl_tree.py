@@ -286,3 +286,20 @@ def test_docstring_examples_hold():
 
     result = doctest.testmod(mod)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_the_quickstart_rl_config_takes_the_tree_as_overrides():
+    """The shipped RL config (the quickstart's) with the documented overrides: valid, its profile's
+    budgets kept, and every branching boundary below its max_steps (else the tree never branches)."""
+    from pathlib import Path
+
+    from r3rag.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(RLConfig, root / "configs/rl/world_sft_grpo.yaml",
+                      ["algo.estimator=tree_group_norm", "rollout.tree={roots: 2, branch: 2, at_steps: [1, 2]}"]).check()
+    flat = load_config(RLConfig, root / "configs/rl/world_sft_grpo.yaml", []).check()
+    assert cfg.rollout.tree == TreeConfig(roots=2, branch=2, at_steps=[1, 2])
+    assert cfg.rollout.model_dump(exclude={"tree"}) == flat.rollout.model_dump(exclude={"tree"})
+    assert max(cfg.rollout.tree.at_steps) < cfg.rollout.max_steps
+    assert cfg.algo.min_group_std == MIN_STD
