@@ -53,6 +53,7 @@ from r3rag.rewards.process import gold_recall
 from r3rag.rewards.types import RewardOutput, summarize
 from r3rag.rollout.engine import RolloutEngine
 from r3rag.rollout.trajectory import Trajectory
+from r3rag.rollout.tree import own_generated_tokens
 from r3rag.train.rl import evaluate as ev
 from r3rag.train.rl.batch import TRUNCATED, RolloutBatch, build_batch, micro_batches, optimizer_steps, select
 from r3rag.train.rl.checkpoint import (latest_checkpoint, load_checkpoint, read_state, save_checkpoint, save_hf_folder,
@@ -601,7 +602,7 @@ class RLTrainer:
         stops = Counter(t.stop_reason or "none" for t in trajs)
         for k, v in stops.items():
             out[f"stop/{k}"] = v / n
-        out["rollout/generated_tokens"] = sum(t.num_generated_tokens for t in trajs) / n
+        out["rollout/generated_tokens"] = sum(own_generated_tokens(t) for t in trajs) / n  # a tree branch's copied prefix: not generated again
         out["rollout/retrievals"] = sum(t.num_retrievals for t in trajs) / n
         out["rollout/steps"] = sum(len(t.steps) for t in trajs) / n
         out["rollout/format_error_rate"] = sum(any(s.format_error for s in t.steps) for t in trajs) / n
