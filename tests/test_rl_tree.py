@@ -303,3 +303,27 @@ def test_the_quickstart_rl_config_takes_the_tree_as_overrides():
     assert cfg.rollout.model_dump(exclude={"tree"}) == flat.rollout.model_dump(exclude={"tree"})
     assert max(cfg.rollout.tree.at_steps) < cfg.rollout.max_steps
     assert cfg.algo.min_group_std == MIN_STD
+
+
+def test_a_branch_is_the_state_a_replay_of_its_parents_turns_reaches():
+    """The copied state (ids, text, chat messages, budget, documents seen) equals what the env
+    reaches when the parent's turns and documents are fed to a fresh one, turn by turn."""
+    from r3rag.rollout.tree import branch_env
+
+    be, eng = coin_engine()
+    assert eng.config.mode == "chat"
+    _, trajs = run_tree(TreeConfig(roots=1, branch=2, at_steps=[1, 2]))
+    parent = next(t for t in trajs if t.metadata["tree"]["parent"] is None)
+    q = next(q for q in QUESTIONS if str(q.id) == parent.question_id)
+    for s in (1, 2):
+        copy = branch_env(eng, q, parent, s, sample_index=7, seed=3)
+        replay = eng.make_env(q, 7, 3)
+        for st in parent.steps[:s]:
+            seg = parent.segments[st.segment]
+            assert replay.record_turn(GenerationOutput(list(seg.token_ids), seg.text, seg.logprobs, "stop")) is not None
+            replay.insert_documents(list(st.documents))
+        assert copy.ids == replay.ids and copy.text == replay.text and copy.messages == replay.messages
+        assert copy.trajectory.loss_mask == replay.trajectory.loss_mask
+        assert (copy._b.generated, copy._b.n_docs, copy._b.seen) == (replay._b.generated, replay._b.n_docs, replay._b.seen)
+        assert copy.request().params.max_tokens == replay.request().params.max_tokens
+        assert copy.request().shared_prefix == len(copy.ids)

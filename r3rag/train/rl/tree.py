@@ -42,6 +42,11 @@ from the question; ``A2`` branched from ``A`` after its first step, ``B2`` from 
 Tokens: ``A``'s first step ``+0.7071``, after the boundary ``+1.4142``; ``A2``'s own tokens
 ``0.7071 - 0.7071 = 0``; ``B`` and ``B2``'s own ``-0.7071``.
 
+Only kept chains enter the statistics (:func:`r3rag.train.rl.batch.select`): a chain the recipe
+dropped, or that ``overlong_filtering`` left out, is in no ``V``, and its tokens are not trained,
+including the prefix its branches copied from it (they keep that prefix masked). A question whose
+kept chains all scored the same has zero advantages everywhere (``dynamic_filtering`` leaves it out).
+
 The rollout records the tree; :func:`r3rag.train.rl.batch.build_batch` turns it into the batch's
 ``tree_layout`` (``node``, ``child``, ``at``, each ``(B, D)``), which :func:`tree_group_norm` reads.
 The returns are the advantages (no critic, ``gamma = 1``); no KL in the reward (use
