@@ -64,7 +64,7 @@ def test_plan_cli_prints_the_table_and_json():
     out = subprocess.run([sys.executable, "tool/build_index.py", "--plan", "--passages", str(WIKI18), "--dim", "768",
                           "--factory", "Flat", "--gpus", "8"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "projected" in out.stdout and "index 64.6 GB" in out.stdout and "8.1 GB per GPU" in out.stdout
+    assert "projected" in out.stdout and "index 64.6 GB" in out.stdout and "4.0 GB per GPU (32.3 GB in all" in out.stdout
     js = subprocess.run([sys.executable, "tool/build_index.py", "--plan", "--passages", "1000000", "--dim", "384",
                          "--factory", "IVF4096,PQ48", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert json.loads(js.stdout)["disk"]["index"] == 1_000_000 * 56 + 4096 * 384 * 4 + 256 * 384 * 4
