@@ -197,7 +197,7 @@ def encode_shard(encoder, corpus: Path, offsets: np.ndarray, vec_dir: Path, spec
     from r3rag.retrieval.resources import peak_rss_bytes
 
     start, end = spec.rows(i)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     final = vec_dir / f"{shard_name(i)}.npy"
     tmp = vec_dir / f"{shard_name(i)}.npy.tmp.{os.getpid()}"
     try:
@@ -223,7 +223,7 @@ def encode_shard(encoder, corpus: Path, offsets: np.ndarray, vec_dir: Path, spec
         tmp.unlink(missing_ok=True)
         raise
     rec = {"start": start, "end": end, "bytes": final.stat().st_size, "sha256": _sha256(final),
-           "seconds": round(time.perf_counter() - t0, 3), "device": str(getattr(encoder, "device", "?")),
+           "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time() - c0, 3), "device": str(getattr(encoder, "device", "?")),
            "peak_rss_bytes": peak_rss_bytes()}
     write_json_atomic(vec_dir / f"{shard_name(i)}.json", rec)
     return rec
