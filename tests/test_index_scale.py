@@ -191,6 +191,31 @@ def test_ivfpq_with_exact_rescoring_of_every_candidate_equals_flat(corpus, enc, 
     assert recall(exact) == 1.0 and recall(plain) < 1.0  # PQ alone loses neighbours at 8 bytes a vector
 
 
+def test_compressed_layout_from_a_prebuilt_flat_index(corpus, enc, encoder_dir, reference, tmp_path):
+    """Search-R1 ships a Flat index: its vectors become the shards of an IVF-PQ index without
+    encoding again, and one made by another encoder is refused."""
+    import faiss
+
+    flat = faiss.IndexFlatIP(enc.dim)
+    flat.add(all_vectors(reference))
+    faiss.write_index(flat, str(tmp_path / "e5_Flat.index"))
+    m = build_dense(corpus, tmp_path / "ivf", enc, factory="IVF4,PQ8x4", shard_size=SHARD, train_size=300,
+                    vectors_from=tmp_path / "e5_Flat.index", show_progress=False)
+    assert m.dense.encode_dtype == "from:e5_Flat.index" and m.dense.probe
+    np.testing.assert_array_equal(all_vectors(tmp_path / "ivf"), all_vectors(reference))
+    q = ["Entity 7 lives near Quorrin", "silver mines"]
+    got = load_searcher(tmp_path / "ivf", encoder=enc, nprobe=4, refine_k=N).search(q, 3)
+    _, rows = flat.search(enc.encode(q, "query"), 3)
+    np.testing.assert_allclose([[p.score for p in r] for r in got],
+                               [[float(all_vectors(reference)[i] @ v) for i in rr] for rr, v in zip(rows, enc.encode(q, "query"))],
+                               atol=1e-5)
+    other = Encoder(str(make_tiny_encoder(tmp_path / "other-bert", seed=2)), family="sbert", device="cpu")
+    with pytest.raises(IndexError_, match="differ from what"):
+        build_dense(corpus, tmp_path / "ivf2", other, factory="IVF4,PQ8x4", shard_size=SHARD, train_size=300,
+                    vectors_from=tmp_path / "e5_Flat.index", show_progress=False)
+    assert not (tmp_path / "ivf2" / "manifest.json").exists() and not (tmp_path / "ivf2" / "vectors" / "shard-00000.json").exists()
+
+
 def test_bm25_memory_mapped_answers_like_in_memory(corpus, tmp_path):
     from r3rag.retrieval.bm25_index import build_bm25
 

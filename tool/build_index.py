@@ -13,6 +13,9 @@ Examples:
   python tool/build_index.py --corpus wiki18.jsonl --method dense --out indexes/e5-ivfpq \\
       --model intfloat/e5-base-v2 --devices all --factory IVF16384,PQ96
   python tool/build_index.py --plan --passages 21015324 --dim 768 --factory IVF16384,PQ96 --gpus 8
+  # the same layout from Search-R1's prebuilt flat index, without encoding again:
+  python tool/build_index.py --corpus wiki18.jsonl --method dense --out indexes/e5-ivfpq \
+      --model intfloat/e5-base-v2 --model-family e5 --vectors-from e5_Flat.index --factory IVF16384,PQ96
   python tool/build_index.py --corpus wiki18.jsonl --method dense --out indexes/e5 \\
       --import-faiss e5_Flat.index --model intfloat/e5-base-v2 --model-family e5 --link
 """
@@ -66,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--devices", help="encoding devices: cpu, cuda, cuda:0,cuda:1 or all (every visible GPU; one process each)")
     g.add_argument("--device", help=argparse.SUPPRESS)  # the older single-device spelling of --devices
     g.add_argument("--import-faiss", metavar="FILE", help="wrap an existing faiss index (e.g. FlashRAG's) instead of encoding")
+    g.add_argument("--vectors-from", metavar="FILE",
+                   help="take the vectors from an existing Flat faiss index (e.g. Search-R1's e5_Flat.index) "
+                        "instead of encoding, and build --factory from them")
     g.add_argument("--link", action="store_true", help="with --import-faiss: hard-link (or symlink) the file instead of copying")
     g.add_argument("--threads", type=int, help="torch threads per encoding process")
     g = p.add_argument_group("plan (prints the projection, builds nothing)")
@@ -176,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                                        show_progress=not args.quiet, shard_size=args.shard_size,
                                        vectors_dtype=args.vectors_dtype, devices=devices, encoder_kwargs=kwargs,
                                        stage=args.stage, fresh=args.fresh, refine_k=args.refine_k,
-                                       keep_vectors=not args.no_keep_vectors, threads=args.threads)
+                                       keep_vectors=not args.no_keep_vectors, threads=args.threads,
+                                       vectors_from=args.vectors_from)
         except MemoryError:
             raise R3RagError(f"out of memory building {args.factory} in {args.out}; tool/build_index.py --plan shows what "
                              "it needs; --fp16 or an IVF<L>,PQ<m> --factory need less; rerun resumes the encoding") from None

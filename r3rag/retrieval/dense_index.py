@@ -39,8 +39,8 @@ from r3rag.retrieval.encoders import PROBE_MIN_COSINE, Encoder
 from r3rag.retrieval.manifest import MANIFEST_NAME, CorpusInfo, DenseInfo, IndexError_, Manifest, file_sha256
 from r3rag.retrieval.resources import check_disk, check_memory
 from r3rag.retrieval.searcher import RowSearcher, register_loader
-from r3rag.retrieval.shards import (DTYPES, SPEC_NAME, EncodeSpec, VectorStore, done_shards, encode_shards,
-                                    shard_bytes)
+from r3rag.retrieval.shards import (DTYPES, SPEC_NAME, EncodeSpec, VectorStore, copy_shards_from_faiss, done_shards,
+                                    encode_shards, shard_bytes)
 
 VECTORS_SUBDIR = "vectors"
 DEFAULT_SHARD_SIZE = 100_000
@@ -165,6 +165,7 @@ def build_dense(
     on_shard_done=None,
     check_resources: bool = True,
     threads: int | None = None,
+    vectors_from: str | Path | None = None,
 ) -> Manifest | None:
     """Encode ``corpus_path`` into vector shards (``out_dir/vectors``, resumable), then build the
     faiss layout ``factory`` from them and write ``dense.index`` and the manifest.
@@ -173,6 +174,9 @@ def build_dense(
     The manifest is removed first and written last, so a directory without one is never served.
     ``encoder`` runs in this process; with several ``devices`` each device gets a process that
     builds its encoder from ``encoder_kwargs`` (default: ``encoder.init_kwargs()``).
+    ``vectors_from``: take the vectors from an existing Flat faiss index (e.g. Search-R1's
+    ``e5_Flat.index``, memory-mapped) instead of encoding; ``encoder`` must be the one that made
+    it (checked on the first passages) and is recorded in the manifest.
     Returns the manifest (None for ``stage="encode"``)."""
     from r3rag.retrieval.plan import build_requirements
 
@@ -216,11 +220,24 @@ def build_dense(
                 check_memory(req["build_ram_bytes"], f"building {built} over {total:,} x {spec.dim} vectors",
                              req["lower_ram_with"])
         multi = devices is not None and len(devices) > 1
-        encode_shards(corpus_path, out_dir / "offsets.npy", vec_dir, spec,
-                      encoder=None if multi else encoder,
-                      encoder_kwargs=encoder_kwargs or (encoder.init_kwargs() if hasattr(encoder, "init_kwargs") else None),
-                      devices=devices, chunk_size=chunk_size, fresh=fresh, show_progress=show_progress,
-                      on_shard_done=on_shard_done, threads=threads)
+        if vectors_from is not None:
+            src = Path(vectors_from)
+            if not src.is_file():
+                raise R3RagError(f"{src}: faiss index not found")
+            source, _ = read_index_mapped(src)
+            if source.ntotal != total or source.d != spec.dim:
+                raise IndexError_(f"{src}: {source.ntotal} vectors of {source.d}-d, but {corpus_path} has {total} lines "
+                                  f"and the encoder gives {spec.dim}-d")
+            _check_encoder_against_index(source, corpus_path, offsets, encoder, src)
+            spec = EncodeSpec(**{**spec.__dict__, "encoder": {**spec.encoder, "encode_dtype": f"from:{src.name}"}})
+            copy_shards_from_faiss(source, vec_dir, spec, fresh=fresh, show_progress=show_progress)
+            del source
+        else:
+            encode_shards(corpus_path, out_dir / "offsets.npy", vec_dir, spec,
+                          encoder=None if multi else encoder,
+                          encoder_kwargs=encoder_kwargs or (encoder.init_kwargs() if hasattr(encoder, "init_kwargs") else None),
+                          devices=devices, chunk_size=chunk_size, fresh=fresh, show_progress=show_progress,
+                          on_shard_done=on_shard_done, threads=threads)
         if stage == "encode":
             return None
     store = VectorStore(vec_dir)

@@ -191,9 +191,10 @@ def iter_texts(corpus: Path, offsets: np.ndarray, start: int, end: int, chunk: i
             yield out
 
 
-def encode_shard(encoder, corpus: Path, offsets: np.ndarray, vec_dir: Path, spec: EncodeSpec, i: int,
-                 chunk_size: int, bar: tqdm | None = None) -> dict:
-    """Encode shard ``i`` into its file (temp + rename) and write its record; returns the record."""
+def write_shard(vec_dir: Path, spec: EncodeSpec, i: int, blocks: Iterator[np.ndarray], device: str,
+                bar: tqdm | None = None) -> dict:
+    """Write shard ``i`` from ``blocks`` (its rows in order) into a temporary file, rename it into
+    place, then write its record; returns the record. Nothing is recorded unless all went well."""
     from r3rag.retrieval.resources import peak_rss_bytes
 
     start, end = spec.rows(i)
@@ -203,14 +204,15 @@ def encode_shard(encoder, corpus: Path, offsets: np.ndarray, vec_dir: Path, spec
     try:
         arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=spec.dtype, shape=(end - start, spec.dim))
         pos = 0
-        for texts in iter_texts(corpus, offsets, start, end, chunk_size):
-            vecs = encoder.encode(texts, "passage")
+        for vecs in blocks:
             if vecs.shape[1] != spec.dim:
-                raise VectorStoreError(f"encoder gives {vecs.shape[1]}-d vectors, the vector directory holds {spec.dim}-d")
-            arr[pos : pos + len(texts)] = vecs
-            pos += len(texts)
+                raise VectorStoreError(f"got {vecs.shape[1]}-d vectors, the vector directory holds {spec.dim}-d")
+            arr[pos : pos + len(vecs)] = vecs
+            pos += len(vecs)
             if bar is not None:
-                bar.update(len(texts))
+                bar.update(len(vecs))
+        if pos != end - start:
+            raise VectorStoreError(f"shard {i}: got {pos} vectors for rows {start}-{end}")
         arr.flush()
         del arr
         with open(tmp, "rb+") as f:
@@ -223,10 +225,41 @@ def encode_shard(encoder, corpus: Path, offsets: np.ndarray, vec_dir: Path, spec
         tmp.unlink(missing_ok=True)
         raise
     rec = {"start": start, "end": end, "bytes": final.stat().st_size, "sha256": _sha256(final),
-           "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time() - c0, 3), "device": str(getattr(encoder, "device", "?")),
-           "peak_rss_bytes": peak_rss_bytes()}
+           "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time() - c0, 3),
+           "device": device, "peak_rss_bytes": peak_rss_bytes()}
     write_json_atomic(vec_dir / f"{shard_name(i)}.json", rec)
     return rec
+
+
+def encode_shard(encoder, corpus: Path, offsets: np.ndarray, vec_dir: Path, spec: EncodeSpec, i: int,
+                 chunk_size: int, bar: tqdm | None = None) -> dict:
+    """Encode shard ``i`` (``chunk_size`` passages at a time) with :func:`write_shard`."""
+    start, end = spec.rows(i)
+    blocks = (encoder.encode(texts, "passage") for texts in iter_texts(corpus, offsets, start, end, chunk_size))
+    return write_shard(vec_dir, spec, i, blocks, str(getattr(encoder, "device", "?")), bar)
+
+
+def copy_shards_from_faiss(index, vec_dir: Path, spec: EncodeSpec, fresh: bool = False, block: int = 65536,
+                           show_progress: bool = True) -> dict:
+    """Vector shards taken from an existing faiss index that can give its vectors back (Flat, e.g.
+    Search-R1's ``e5_Flat.index``, memory-mapped), so a compressed layout can be built from it
+    without encoding the corpus again. Resumable like :func:`encode_shards`."""
+    done = prepare_vector_dir(vec_dir, spec, fresh=fresh)
+    todo = [i for i in range(spec.num_shards) if i not in done]
+
+    def blocks(a: int, b: int) -> Iterator[np.ndarray]:
+        for x in range(a, b, block):
+            try:
+                yield index.reconstruct_n(x, min(block, b - x))
+            except RuntimeError as err:
+                raise R3RagError(f"this faiss index cannot give its vectors back ({str(err).splitlines()[-1]}); "
+                                 "only Flat-like indexes can be converted") from None
+
+    initial = sum(spec.rows(i)[1] - spec.rows(i)[0] for i in done)
+    with tqdm(total=spec.num_passages, initial=initial, desc="copy vectors", unit="vec", disable=not show_progress) as bar:
+        for i in todo:
+            write_shard(vec_dir, spec, i, blocks(*spec.rows(i)), "faiss", bar)
+    return {"encoded": todo, "skipped": sorted(done)}
 
 
 def _encode_worker(rank: int, world: int, encoder_kwargs: dict, corpus: str, offsets_path: str, vec_dir: str,
