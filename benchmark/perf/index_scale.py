@@ -134,7 +134,7 @@ def recall_at(approx: np.ndarray, exact: np.ndarray, k: int = 5) -> float:
     return float(np.mean([len(set(a[:k]) & set(e[:k])) / k for a, e in zip(approx, exact)]))
 
 
-def layouts(store, queries: np.ndarray, nlist: int, pq: list[int], nprobes: list[int], refine: list[int],
+def layouts(store, queries: np.ndarray, nlist: int, factories: list[str], nprobes: list[int], refine: list[int],
             hnsw: bool, train_size: int) -> tuple[dict, dict]:
     import faiss
 
@@ -162,8 +162,10 @@ def layouts(store, queries: np.ndarray, nlist: int, pq: list[int], nprobes: list
             rows, qps = search_qps(lambda q: h.search(q, 5)[1], queries)
             out["HNSW32"][f"efSearch={ef}"] = {"recall@5": round(recall_at(rows, truth), 4), "qps": round(qps, 1)}
         del h
-    for m in pq:
-        name = f"IVF{nlist},PQ{m}"
+    from r3rag.retrieval.plan import parse_factory
+
+    for name in factories:
+        layout = parse_factory(name, d)
         t0 = time.perf_counter()
         ix = make_index(d, name)
         sample = store.sample(train_size)
@@ -173,10 +175,12 @@ def layouts(store, queries: np.ndarray, nlist: int, pq: list[int], nprobes: list
         for _, block in store.iter_blocks():
             ix.add(block)
         add = time.perf_counter() - t0
-        res = {"train_s": round(train, 1), "train_size": len(sample), "add_s": round(add, 1), "bytes_per_vector": m + 8}
-        if m == pq[0]:
+        res = {"train_s": round(train, 1), "train_size": len(sample), "add_s": round(add, 1),
+               "code_bytes_per_vector": layout.storage_bytes}
+        if not layout.fastscan:
             consts["kmeans_s_per_unit"] = train / (len(sample) * nlist * d)
             consts["ivf_add_s_per_unit"] = add / (n * (nlist + 256) * d)
+        key = "fastscan_s_per_code_byte" if layout.fastscan else "scan_s_per_code_byte"
         for nprobe in nprobes:
             ix.nprobe = nprobe
             for r in refine:
@@ -186,12 +190,12 @@ def layouts(store, queries: np.ndarray, nlist: int, pq: list[int], nprobes: list
                     return exact_rerank(store, q, rows, 5)[1] if r else rows[:, :5]
                 rows, qps = search_qps(fn, queries)
                 res[f"nprobe={nprobe},refine={r}"] = {"recall@5": round(recall_at(rows, truth), 4), "qps": round(qps, 1)}
-                if m == pq[0] and nprobe == nprobes[-1]:
+                if nprobe == nprobes[-1]:
                     if r == 0:
                         coarse = consts["coarse_s_per_mac"] * nlist * d
-                        consts["scan_s_per_code"] = max(1e-12, (1.0 / qps - coarse)) / (nprobe * n / nlist) * 64 / m
+                        consts[key] = max(1e-12, (1.0 / qps - coarse)) / (nprobe * n / nlist) / layout.storage_bytes
                         t_plain = 1.0 / qps
-                    else:
+                    elif layout.fastscan and r == 100:
                         consts["refine_s_per_row"] = max(1e-9, (1.0 / qps - t_plain)) / r
         out[name] = res
         del ix
@@ -258,7 +262,7 @@ def run_child(index: Path, vectors: Path, queries: Path, out: Path, nprobe: int,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def million(work: Path, store, queries: np.ndarray, n: int, nlist: int, m: int, nprobe: int, refine: int,
+def million(work: Path, store, queries: np.ndarray, n: int, nlist: int, m: str, nprobes: list[int], refine: int,
             train_size: int) -> dict:
     import faiss
 
@@ -278,6 +282,7 @@ def million(work: Path, store, queries: np.ndarray, n: int, nlist: int, m: int, 
         faiss.write_index(build_faiss(syn, "Flat", show_progress=False), str(flat_path))
     name = f"IVF{nlist},PQ{m}"
     ivf_path = work / f"syn{n}" / f"ivf{nlist}-pq{m}.index"
+    truth_path = work / f"syn{n}" / "flat_rows.npy"
     t_train = t_add = None
     if not ivf_path.is_file():
         t0 = time.perf_counter()
@@ -291,18 +296,19 @@ def million(work: Path, store, queries: np.ndarray, n: int, nlist: int, m: int, 
         faiss.write_index(ix, str(ivf_path))
         del ix
     log("searching the 1M indexes in child processes")
-    flat = run_child(flat_path, vec_dir, qpath, work / "flat_rows.npy", 0, 0)
-    truth = np.load(work / "flat_rows.npy")
-    plain = run_child(ivf_path, vec_dir, qpath, work / "ivf_rows.npy", nprobe, 0)
-    plain["recall@5"] = round(recall_at(np.load(work / "ivf_rows.npy"), truth), 4)
-    refined = run_child(ivf_path, vec_dir, qpath, work / "ivf_rows.npy", nprobe, refine)
-    refined["recall@5"] = round(recall_at(np.load(work / "ivf_rows.npy"), truth), 4)
-    return {"vectors": n, "derived_from_real": True, "queries": len(queries),
-            "flat_mmap": {**flat, "index_mb": round(flat_path.stat().st_size / 1e6, 1)},
-            f"{name},nprobe={nprobe}": {**plain, "index_mb": round(ivf_path.stat().st_size / 1e6, 1),
-                                        "train_s": t_train and round(t_train, 1), "add_s": t_add and round(t_add, 1)},
-            f"{name},nprobe={nprobe},refine={refine}": refined,
-            "vectors_fp16_mb": round(sum(p.stat().st_size for p in vec_dir.glob("*.npy")) / 1e6, 1)}
+    flat = run_child(flat_path, vec_dir, qpath, truth_path, 0, 0)
+    truth = np.load(truth_path)
+    out = {"vectors": n, "derived_from_real": True, "queries": len(queries),
+           "flat_mmap": {**flat, "index_mb": round(flat_path.stat().st_size / 1e6, 1)},
+           name: {"index_mb": round(ivf_path.stat().st_size / 1e6, 1), "train_s": t_train and round(t_train, 1),
+                  "add_s": t_add and round(t_add, 1), "train_size": train_size},
+           "vectors_fp16_mb": round(sum(p.stat().st_size for p in vec_dir.glob("*.npy")) / 1e6, 1)}
+    for nprobe, r in [(nprobes[-1], 0)] + [(p, refine) for p in nprobes]:
+        res = run_child(ivf_path, vec_dir, qpath, work / "ivf_rows.npy", nprobe, r)
+        res["recall@5"] = round(recall_at(np.load(work / "ivf_rows.npy"), truth), 4)
+        out[f"{name},nprobe={nprobe},refine={r}"] = res
+        log(f"1M nprobe={nprobe} refine={r}: recall@5 {res['recall@5']} qps {res['qps']}")
+    return out
 
 
 # ---------------------------------------------------------------- main
@@ -375,16 +381,15 @@ def main() -> int:
         np.save(qpath, enc.encode(qtexts, "query"))
     queries = np.load(qpath)
     nlist = 1024 if len(store) >= 50_000 else 256
-    real, consts = layouts(store, queries, nlist=nlist, pq=[48], nprobes=[16, 64], refine=[0, 100],
+    real, consts = layouts(store, queries, nlist=nlist, factories=[f"IVF{nlist},PQ{store.dim // 8}", f"IVF{nlist},PQ{store.dim // 4}x4fs"],
+                           nprobes=[16, 64, 128, 256], refine=[0, 100, 200],
                            hnsw=not args.no_hnsw, train_size=min(len(store), 39 * nlist))
     result["real_100k"] = real
 
     if args.synthetic:
-        result["synthetic"] = million(work, store, queries, args.synthetic, nlist=2048, m=48, nprobe=64, refine=100,
-                                      train_size=39 * 1024)
+        result["synthetic"] = million(work, store, queries, args.synthetic, nlist=2048, m=f"{store.dim // 4}x4fs", nprobes=[128, 256],
+                                      refine=100, train_size=39 * 1024)
         log(f"1M {result['synthetic']}")
-        res = result["synthetic"]["flat_mmap"]
-        consts.setdefault("runtime_rss_bytes", res["before_load_mb"]["VmRSS"] * 1e6)
 
     consts["minilm_cpu_tokens_per_s"] = tokens / cpu_secs  # per CPU-second: the machine is shared
     consts["tokens_per_100_words"] = tokens_per_100_words(model)
@@ -397,17 +402,17 @@ def main() -> int:
         plan_mod.MEASURED[k] = {"value": v, "source": "this run"}
     projections = {}
     for label, kw in (("1 GPU", {"gpus": 1}), ("8 GPUs", {"gpus": 8}), ("16 CPU cores", {"gpus": 0})):
-        for factory in ("Flat", "HNSW32,SQfp16", "IVF16384,PQ96"):
-            pr = plan(21_015_324, 768, factory, nprobe=64, refine_k=100, **kw)
+        for factory in ("Flat", "HNSW32,SQfp16", "IVF16384,PQ96", "IVF16384,PQ192x4fs"):
+            pr = plan(21_015_324, 768, factory, refine_k=100, **kw)
             projections[f"{label} | {factory}"] = {
                 "disk_gb": round(pr["disk"]["total"] / 1e9, 1), "serve_ram_gb": round(pr["ram"]["serve"] / 1e9, 1),
                 "build_ram_gb": round(pr["ram"]["index_build"] / 1e9, 1),
-                "gpu_search_per_gpu_gb": round(pr["gpu_memory"]["search_per_gpu_fp16"] / 1e9, 1),
+                "gpu_search_per_gpu_gb": pr["gpu_memory"]["search_per_gpu_fp16"] and round(pr["gpu_memory"]["search_per_gpu_fp16"] / 1e9, 1),
                 "encode_h": round(pr["time_s"]["encode"] / 3600, 2),
                 "index_build_h_16_cores": round((pr["time_s"]["train"] + pr["time_s"]["add"]) / 3600, 2),
                 "search_ms_per_query": pr["time_s"]["search_per_query_1_thread"]
                 and round(pr["time_s"]["search_per_query_1_thread"] * 1000, 2)}
-            if factory == "IVF16384,PQ96" and label == "8 GPUs":
+            if factory == "IVF16384,PQ192x4fs" and label == "8 GPUs":
                 log("\n" + format_plan(pr))
     result["wiki18_projected"] = projections
     result["assumed"] = {k: v["value"] for k, v in ASSUMED.items()}

@@ -166,6 +166,7 @@ def build_dense(
     check_resources: bool = True,
     threads: int | None = None,
     vectors_from: str | Path | None = None,
+    nprobe: int | None = None,
 ) -> Manifest | None:
     """Encode ``corpus_path`` into vector shards (``out_dir/vectors``, resumable), then build the
     faiss layout ``factory`` from them and write ``dense.index`` and the manifest.
@@ -250,11 +251,15 @@ def build_dense(
         check_memory(req["build_ram_bytes"], f"building {built} over {total:,} x {store.dim} vectors", req["lower_ram_with"])
     index = build_faiss(store, built, train_size=train_size, show_progress=show_progress)
     _write_index_atomic(index, out_dir / "dense.index")
-    del index
     enc_settings = {k: v for k, v in store.spec.encoder.items() if k != "encode_dtype"}
     probe = encoder.probe() if encoder is not None and hasattr(encoder, "probe") else []
     if refine_k is None:
         refine_k = default_refine_k(built)
+    ivf = _ivf_or_none(index)
+    if nprobe is None:
+        from r3rag.retrieval.plan import default_nprobe
+
+        nprobe = default_nprobe(ivf.nlist) if ivf is not None else DenseInfo.model_fields["nprobe"].default
     if not keep_vectors:
         import shutil
 
@@ -265,10 +270,11 @@ def build_dense(
         method="dense",
         corpus=_corpus_info(corpus_path, total),
         dense=DenseInfo(**enc_settings, factory=built, fp16=fp16, probe=probe,
-                        vectors_dir=VECTORS_SUBDIR if keep_vectors else None, refine_k=refine_k,
+                        vectors_dir=VECTORS_SUBDIR if keep_vectors else None, refine_k=refine_k, nprobe=nprobe,
                         encode_dtype=store.spec.encoder.get("encode_dtype", "float32")),
         build_seconds=round(time.perf_counter() - start, 3),
     )
+    del index
     manifest.save(out_dir)
     return manifest
 
@@ -420,7 +426,7 @@ class DenseSearcher(RowSearcher):
             if not info.vectors_dir:
                 raise IndexError_(f"{index_dir}: refine_k={self.refine_k} needs the stored vectors, and this index "
                                   "has none; set refine_k=0")
-            self.vectors = VectorStore(index_dir / info.vectors_dir)
+            self.vectors = VectorStore(index_dir / info.vectors_dir, random_access=True)
             if len(self.vectors) != len(store):
                 raise IndexError_(f"{index_dir}: {len(self.vectors)} stored vectors, corpus {len(store)}")
         if faiss_gpu:

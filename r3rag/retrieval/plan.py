@@ -20,7 +20,8 @@ Model (n vectors of d dimensions, t tokens a passage):
   proportional to n x d x log2(n); CPU figures are divided by the cores given (linear scaling
   assumed: faiss parallelises these loops with OpenMP);
 - search (CPU, one thread, page cache warm): IVF-PQ time per query = L x d x (coarse MAC) +
-  nprobe x (n / L) x (per scanned code) + refine_k x (per re-scored row), each constant measured;
+  nprobe x (n / L) x code bytes x (per scanned byte: 8-bit PQ, or 4-bit fast-scan ``x4fs``) +
+  refine_k x (per re-scored row), each constant measured;
 - serving RAM: the codes/graph/vectors the layout keeps (memory-mapped files count in full, as
   they stay in the page cache once touched), the encoder, 8 bytes a passage of line offsets and
   the Python runtime; the fp16 vectors used for re-scoring are *not* counted: only refine_k rows
@@ -42,16 +43,28 @@ GB = 1e9
 # Measured on this project's CPU (AMD EPYC, 2 cores shared, AVX-512, no AMX; one faiss/torch thread)
 # by benchmark/perf/index_scale.py on 2026-12-07; see docs/results/index_scale.md for the runs.
 MEASURED: dict[str, dict] = {
-    "minilm_cpu_tokens_per_s": {"value": 4000.0, "source": "index_scale.py encode, MiniLM-L6 fp32, 1 torch thread"},
-    "tokens_per_100_words": {"value": 140.0, "source": "index_scale.py, BERT uncased WordPiece on Wikipedia text"},
-    "encode_rss_bytes_minilm": {"value": 0.9e9, "source": "index_scale.py encode, peak RSS (flat in corpus size)"},
-    "runtime_rss_bytes": {"value": 0.5e9, "source": "index_scale.py, Python + torch + faiss with no index"},
-    "kmeans_s_per_unit": {"value": 2.0e-11, "source": "index_scale.py, IVF train seconds / (sample x lists x d)"},
-    "ivf_add_s_per_unit": {"value": 2.0e-11, "source": "index_scale.py, IVF-PQ add seconds / (n x (lists + 256) x d)"},
-    "hnsw_add_s_per_unit": {"value": 2.0e-8, "source": "index_scale.py, HNSW32 add seconds / (n x d x log2 n)"},
-    "coarse_s_per_mac": {"value": 1.0e-10, "source": "index_scale.py, IVF search: centroid scan per (list x d)"},
-    "scan_s_per_code": {"value": 2.0e-9, "source": "index_scale.py, IVF-PQ search: per scanned code byte group"},
-    "refine_s_per_row": {"value": 1.0e-6, "source": "index_scale.py, exact re-score per candidate row (fp16 mmap, warm)"},
+    "minilm_cpu_tokens_per_s": {"value": 2285.0, "source": "index_scale.py: MiniLM-L6 fp32, 1 torch thread, 2,522,165 "
+                                "tokens in 1,104 CPU-seconds (100k Wikipedia windows)"},
+    "tokens_per_100_words": {"value": 137.0, "source": "index_scale.py: BERT uncased WordPiece (e5's and MiniLM's "
+                             "vocabulary) on 100-word Wikipedia windows with title and 'passage: '"},
+    "encode_rss_bytes_minilm": {"value": 0.72e9, "source": "index_scale.py: peak RSS of the encode, 696 MB after 10k "
+                                "passages, 720 MB after 100k"},
+    "runtime_rss_bytes": {"value": 0.5e9, "source": "retrieval.py run A: server peak RSS with a 200k x 384 Flat "
+                          "(894 MB) less its 293 MB of vectors, MiniLM weights included"},
+    "kmeans_s_per_unit": {"value": 1.46e-9, "source": "index_scale.py: IVF1024,PQ48 training seconds / (sample x "
+                          "lists x d), 39,936 x 1,024 x 384, 1 thread"},
+    "ivf_add_s_per_unit": {"value": 9.44e-11, "source": "index_scale.py: IVF1024,PQ48 add seconds / (n x (lists + "
+                           "256) x d), 100k x 384, 1 thread"},
+    "hnsw_add_s_per_unit": {"value": 5.87e-8, "source": "index_scale.py: HNSW32 build seconds / (n x d x log2 n), "
+                            "100k x 384, 1 thread"},
+    "coarse_s_per_mac": {"value": 5.69e-10, "source": "index_scale.py: Flat search seconds / (queries x n x d), "
+                         "100k x 384, batches of 64, 1 thread"},
+    "scan_s_per_code_byte": {"value": 1.36e-9, "source": "index_scale.py: IVF1024,PQ48 search at nprobe 256 less "
+                             "the coarse step, per scanned code byte, 1 thread"},
+    "fastscan_s_per_code_byte": {"value": 1.0e-10, "source": "index_scale.py: IVF1024,PQ96x4fs search at nprobe 256 "
+                                 "less the coarse step, per scanned code byte, 1 thread"},
+    "refine_s_per_row": {"value": 3.64e-6, "source": "index_scale.py: IVF1024,PQ96x4fs nprobe 256, refine 100 less "
+                         "refine 0, per re-scored row (fp16 shards memory-mapped, page cache warm)"},
 }
 ASSUMED: dict[str, dict] = {
     "gpu_peak_flops": {"value": 989e12, "source": "H100 SXM dense fp16/bf16 peak (vendor datasheet)"},
@@ -78,9 +91,10 @@ class Layout:
     lists: int = 0
     pq_m: int = 0
     pq_bits: int = 8
+    fastscan: bool = False
 
 
-_IVF = re.compile(r"^(?:OPQ\d+(?:_\d+)?,)?IVF(\d+)(?:_HNSW\d+)?,(PQ(\d+)(?:x(\d+))?(?:fs|np)?|Flat|SQfp16|SQ8)$")
+_IVF = re.compile(r"^(?:OPQ\d+(?:_\d+)?,)?IVF(\d+)(?:_HNSW\d+)?,(PQ(\d+)(?:x(\d+))?(fs|np)?|Flat|SQfp16|SQ8)$")
 _HNSW = re.compile(r"^HNSW(\d+)(?:,(Flat|SQfp16|SQ8|PQ(\d+)))?$")
 
 
@@ -102,7 +116,7 @@ def parse_factory(factory: str, dim: int) -> Layout:
         lists = int(m.group(1))
         if m.group(3):
             pq_m, bits = int(m.group(3)), int(m.group(4) or 8)
-            return Layout("ivfpq", pq_m * bits / 8, lists=lists, pq_m=pq_m, pq_bits=bits)
+            return Layout("ivfpq", pq_m * bits / 8, lists=lists, pq_m=pq_m, pq_bits=bits, fastscan=m.group(5) == "fs")
         store = {"Flat": 4 * dim, "SQfp16": 2 * dim, "SQ8": dim}[m.group(2)]
         return Layout("ivfflat", store, lists=lists)
     raise R3RagError(f"--plan knows Flat, SQfp16, SQ8, HNSW<M>[,SQfp16|,SQ8|,PQ<m>], IVF<L>,PQ<m>[x<bits>] and "
@@ -150,11 +164,20 @@ def encoder_shape(dim: int, model: str | None = None) -> tuple[int, int, str]:
             1024: (24, 1024, "e5-large / bge-large")}.get(dim, (12, dim, f"BERT-like, hidden {dim}"))
 
 
+def default_nprobe(lists: int) -> int:
+    """IVF lists searched per query by default: one in eight (at least 16). On the 100k real
+    MiniLM vectors with question queries, one in sixteen gave recall@5 0.95 after re-scoring and
+    one in eight 0.976 (docs/results/index_scale.md)."""
+    return max(16, lists // 8)
+
+
 def plan(n: int, dim: int, factory: str, gpus: int = 0, cpu_cores: int = 16, words_per_passage: float = 100.0,
-         model: str | None = None, nprobe: int = 64, refine_k: int = 100, train_size: int | None = None,
+         model: str | None = None, nprobe: int | None = None, refine_k: int = 100, train_size: int | None = None,
          encode_rate: float | None = None, corpus_bytes: float | None = None) -> dict:
     """Disk, RAM, GPU memory and time of building and serving ``factory`` over ``n`` passages."""
     layout = parse_factory(factory, dim)
+    if nprobe is None:
+        nprobe = default_nprobe(layout.lists) if layout.lists else 0
     layers, hidden, enc_name = encoder_shape(dim, model)
     if train_size is None:
         train_size = min(n, max(65536, 39 * layout.lists)) if layout.lists else 0
@@ -190,12 +213,15 @@ def plan(n: int, dim: int, factory: str, gpus: int = 0, cpu_cores: int = 16, wor
     # search per query on one CPU thread (warm page cache)
     if layout.kind in ("ivfpq", "ivfflat"):
         codes = nprobe * n / layout.lists
-        per_code = value("scan_s_per_code") * (layout.pq_m / 64 if layout.kind == "ivfpq" else dim * 4 / 64)
+        per_code = layout.storage_bytes * value("fastscan_s_per_code_byte" if layout.fastscan else "scan_s_per_code_byte")
         t_q = value("coarse_s_per_mac") * layout.lists * dim + codes * per_code + refine_k * value("refine_s_per_row")
     elif layout.kind == "hnsw":
         t_q = None
     else:
         t_q = value("coarse_s_per_mac") * n * dim
+    # faiss-gpu copies Flat/SQ (as fp16), IVF-Flat and 8-bit IVF-PQ; not HNSW nor 4-bit fast-scan
+    gpu_ok = layout.kind in ("flat", "sq", "ivfflat") or (layout.kind == "ivfpq" and not layout.fastscan)
+    gpu_all = (n * dim * 2 if layout.kind in ("flat", "sq") else idx) if gpus and gpu_ok else None
     refine_on = layout.kind == "ivfpq" or "SQ8" in factory or (layout.kind == "hnsw" and layout.pq_m > 0)
     serve_ram = idx + offsets + enc_weights + value("runtime_rss_bytes")
     build_ram = build_requirements(n, dim, factory, train_size=train_size or 65536)["build_ram_bytes"]
@@ -207,8 +233,7 @@ def plan(n: int, dim: int, factory: str, gpus: int = 0, cpu_cores: int = 16, wor
         "ram": {"encode_per_process": encode_ram, "index_build": build_ram, "serve": serve_ram,
                 "serve_without_refine_vectors": serve_ram, "refine_reads_per_query": refine_k * dim * 2 if refine_on else 0},
         "gpu_memory": {"encode_per_gpu": value("gpu_encode_bytes") if gpus else 0,
-                       "search_all_gpus_fp16": (n * dim * 2 if layout.kind in ("flat", "sq") else idx) if gpus else 0,
-                       "search_per_gpu_fp16": ((n * dim * 2 if layout.kind in ("flat", "sq") else idx) / gpus) if gpus else 0},
+                       "search_all_gpus_fp16": gpu_all, "search_per_gpu_fp16": gpu_all / gpus if gpus and gpu_all else None},
         "time_s": {"encode": n / enc_rate, "train": t_train, "add": t_add,
                    "search_per_query_1_thread": t_q},
         "encode_rate_passages_per_s": enc_rate, "encode_rate_how": enc_how,
@@ -247,8 +272,10 @@ def format_plan(p: dict) -> str:
         + (f" (+ {p['refine_k']} fp16 rows read per query for exact re-scoring)" if p["refine_k"] else ""),
     ]
     if p["gpus"]:
-        lines.append(f"  GPU    encode ~{_fmt_bytes(g['encode_per_gpu'])} per GPU (assumed); --faiss-gpu search "
-                     f"{_fmt_bytes(g['search_per_gpu_fp16'])} per GPU ({_fmt_bytes(g['search_all_gpus_fp16'])} in all, fp16, sharded)")
+        search = (f"--faiss-gpu search {_fmt_bytes(g['search_per_gpu_fp16'])} per GPU "
+                  f"({_fmt_bytes(g['search_all_gpus_fp16'])} in all, fp16, sharded)" if g["search_all_gpus_fp16"]
+                  else "--faiss-gpu: faiss-gpu has no GPU version of this layout (use Flat or IVF<L>,PQ<m> for GPU search)")
+        lines.append(f"  GPU    encode ~{_fmt_bytes(g['encode_per_gpu'])} per GPU (assumed); {search}")
     lines += [
         f"  time   encode {_fmt_s(t['encode'])} at {p['encode_rate_passages_per_s']:,.0f} passages/s "
         f"({p['tokens_per_passage']:.0f} tokens each; {p['encode_rate_how']})",
