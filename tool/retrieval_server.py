@@ -9,6 +9,8 @@ Examples:
   python tool/retrieval_server.py --index indexes/bm25
   python tool/retrieval_server.py --index bm25=indexes/bm25 --index dense=indexes/minilm --hybrid --port 8001
   python tool/retrieval_server.py --index indexes/bm25 --max-queue 64 --limit-concurrency 512
+  python tool/retrieval_server.py --index e5=indexes/e5-ivfpq --nprobe 64 --refine-k 100   # wiki18 in < 8 GB
+  python tool/retrieval_server.py --index e5=indexes/e5-flat --faiss-gpu                 # all GPUs, fp16, sharded
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit-concurrency", type=int,
                    help="uvicorn's cap on connections + in-flight requests; past it every path gets 503 "
                         "(default 1024; 0 = no cap)")
+    g = p.add_argument_group("large indexes")
+    g.add_argument("--faiss-gpu", action="store_true",
+                   help="copy dense indexes to every visible GPU (faiss-gpu, sharded, fp16)")
+    g.add_argument("--no-mmap", action="store_true", help="read dense index files into memory instead of mapping them")
+    g.add_argument("--bm25-mmap", action="store_true", help="memory-map the BM25 score matrix")
+    g.add_argument("--refine-k", type=int, help="candidates re-scored exactly from the stored fp16 vectors (default: the manifest's)")
+    g.add_argument("--nprobe", type=int, help="IVF lists searched per query (default: the manifest's)")
+    g.add_argument("--ef-search", type=int, help="HNSW search breadth (default: the manifest's)")
+    g.add_argument("--encoder", help="encoder folder to use instead of the manifest's (checked against the index)")
     add_config_args(p)
     return p.parse_args(argv)
 
@@ -49,13 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in (("host", args.host), ("port", args.port), ("reranker", args.reranker),
                        ("cache_size", args.cache_size), ("torch_threads", args.torch_threads),
                        ("max_queue", args.max_queue), ("retry_after_s", args.retry_after),
-                       ("limit_concurrency", args.limit_concurrency)):
+                       ("limit_concurrency", args.limit_concurrency), ("refine_k", args.refine_k),
+                       ("nprobe", args.nprobe), ("ef_search", args.ef_search), ("dense_encoder", args.encoder)):
         if value is not None:
             overrides.append(f"{key}={value}")
     if args.hybrid:
         overrides.append("hybrid=true")
     if args.no_microbatch:
         overrides.append("microbatch=false")
+    for flag, setting in ((args.faiss_gpu, "faiss_gpu=true"), (args.no_mmap, "dense_mmap=false"),
+                          (args.bm25_mmap, "bm25_mmap=true")):
+        if flag:
+            overrides.append(setting)
     cfg = load_config(ServiceConfig, args.config, overrides)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if cfg.torch_threads:

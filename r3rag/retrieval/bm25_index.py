@@ -122,5 +122,6 @@ class BM25Searcher(RowSearcher):
 
 @register_loader("bm25")
 def _load_bm25(index_dir: Path, manifest: Manifest, store, **options) -> BM25Searcher:
-    """Options: ``backend`` ("numba"/"numpy"/"auto"), ``mmap``; dense-only options are ignored."""
-    return BM25Searcher(index_dir, manifest, store, backend=options.get("backend"), mmap=options.get("mmap", False))
+    """Options: ``backend`` ("numba"/"numpy"/"auto"), ``mmap`` (or ``bm25_mmap``); others are ignored."""
+    mmap = options.get("bm25_mmap", options.get("mmap", False))
+    return BM25Searcher(index_dir, manifest, store, backend=options.get("backend"), mmap=bool(mmap))

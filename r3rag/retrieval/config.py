@@ -54,6 +54,16 @@ class ServiceConfig(Section):
     """bm25s backend: numba (compiled, fastest; compiles for a few seconds at start), numpy, or auto."""
     bm25_mmap: bool = False
     """Memory-map the BM25 score matrix instead of loading it (large corpora, less resident memory)."""
+    faiss_gpu: bool = False
+    """Copy every dense index to all visible GPUs (sharded, fp16) with faiss-gpu; a one-line error
+    where faiss sees no GPU."""
+    dense_mmap: bool = True
+    """Memory-map dense index files (faiss IO_FLAG_MMAP_IFC) instead of reading them into memory."""
+    refine_k: int | None = None
+    """Candidates re-scored exactly from the stored fp16 vectors (default: the index's manifest)."""
+    dense_encoder: str | None = None
+    """Serve dense indexes with this encoder folder instead of the one named in the manifest (it
+    must reproduce the manifest's probe vectors, else the server refuses to start)."""
     device: str | None = None
     torch_threads: int | None = None
     log_level: str = "warning"

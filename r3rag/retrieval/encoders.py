@@ -13,6 +13,13 @@ data in :data:`FAMILIES`:
 
 ``auto`` picks sbert when the folder has ``modules.json``, else e5 or bge by name, else sbert.
 Explicit ``pooling``/``query_prefix``/``passage_prefix`` override the family's values.
+
+An index remembers which encoder made it by a *probe*: the passage vectors of
+:data:`PROBE_TEXTS`, stored in its manifest. :meth:`Encoder.check_probe` encodes the same
+texts again and compares by cosine similarity; a different model, pooling or prefix gives a
+different direction (random pairs of vectors score near 0, the same model on another device or
+in fp16 above 0.99), so serving an index with the wrong encoder is refused at load time instead
+of returning plausible-looking nonsense.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ FAMILIES: dict[str, Family] = {
     "sbert": Family(query_prefix="", passage_prefix="", pooling="mean"),
 }
 FAMILY_CHOICES = ("auto", *FAMILIES)
+PROBE_TEXTS = (
+    "Paris\nParis is the capital and most populous city of France.",
+    "Photosynthesis\nPlants convert light energy into chemical energy stored in glucose.",
+)
+PROBE_MIN_COSINE = 0.99
 
 
 def _sbert_pooling(folder: Path) -> Literal["mean", "cls"] | None:
@@ -117,7 +129,8 @@ class Encoder:
         except (OSError, ValueError) as err:
             raise R3RagError(f"cannot load encoder {self.model_name!r}: {str(err).splitlines()[0]}") from None
         self.model.eval().to(self.device)
-        if fp16 and self.device != "cpu":
+        self.fp16 = bool(fp16 and self.device != "cpu")
+        if self.fp16:
             self.model.half()
         self.dim = int(self.model.config.hidden_size)
 
@@ -149,6 +162,33 @@ class Encoder:
                     vec = torch.nn.functional.normalize(vec, dim=-1)
                 out[idx] = vec.cpu().numpy()
         return out
+
+    def init_kwargs(self, device: str | None = None) -> dict:
+        """Keyword arguments that rebuild this encoder (e.g. in a worker process on ``device``)."""
+        return {"model": self.model_name, "family": self.family, "pooling": self.pooling,
+                "query_prefix": self.query_prefix, "passage_prefix": self.passage_prefix,
+                "max_length": self.max_length, "batch_size": self.batch_size, "normalize": self.normalize,
+                "device": device or self.device, "fp16": self.fp16}
+
+    def probe(self) -> list[list[float]]:
+        """Passage vectors of :data:`PROBE_TEXTS` (rounded to 5 decimals), for the manifest."""
+        return [[round(float(x), 5) for x in v] for v in self.encode(list(PROBE_TEXTS), "passage")]
+
+    def check_probe(self, expected: list[list[float]], where: str, built_with: str) -> None:
+        """Raise :class:`R3RagError` unless this encoder reproduces ``expected`` (an index's probe)."""
+        if not expected:
+            return
+        want = np.asarray(expected, dtype=np.float32)
+        if want.shape[1] != self.dim:
+            raise R3RagError(f"{where}: built with {built_with} ({want.shape[1]}-d vectors) but the encoder "
+                             f"{self.model_name} gives {self.dim}-d; serve it with the encoder it was built with")
+        got = self.encode(list(PROBE_TEXTS), "passage")
+        cos = float(np.min(np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)))
+        if cos < PROBE_MIN_COSINE:
+            raise R3RagError(f"{where}: built with {built_with}, but the encoder {self.model_name} "
+                             f"(pooling {self.pooling}, passage prefix {self.passage_prefix!r}) encodes the probe "
+                             f"passages differently (cosine {cos:.3f} < {PROBE_MIN_COSINE}); serve it with the "
+                             "encoder it was built with")
 
     def settings(self) -> dict:
         return {

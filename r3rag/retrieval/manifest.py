@@ -60,6 +60,13 @@ class DenseInfo(_Strict):
     fp16: bool = False
     ef_search: int = 64
     nprobe: int = 16
+    probe: list[list[float]] = []
+    """Passage vectors of the encoder's probe texts: a server given another encoder refuses."""
+    vectors_dir: str | None = None
+    """Folder (relative to the index) of the fp16 vector shards, used for exact re-scoring."""
+    refine_k: int = 0
+    """Candidates re-scored exactly from ``vectors_dir`` per query (0: none)."""
+    encode_dtype: str = "float32"
 
 
 class Manifest(_Strict):
@@ -72,8 +79,13 @@ class Manifest(_Strict):
     build_seconds: float = 0.0
 
     def save(self, index_dir: str | Path) -> Path:
+        """Write the manifest last and atomically: a directory with one is a finished index."""
+        import os
+
         path = Path(index_dir) / MANIFEST_NAME
-        path.write_text(self.model_dump_json(indent=2), encoding="utf-8")
+        tmp = path.with_name(f"{MANIFEST_NAME}.tmp.{os.getpid()}")
+        tmp.write_text(self.model_dump_json(indent=2), encoding="utf-8")
+        os.replace(tmp, path)
         return path
 
 

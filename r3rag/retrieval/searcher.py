@@ -86,7 +86,7 @@ def open_corpus(index_dir: Path, manifest: Manifest) -> CorpusStore:
             f"from {manifest.corpus.bytes}; rebuild the index"
         )
     offsets_path = index_dir / "offsets.npy"
-    offsets = np.load(offsets_path) if offsets_path.is_file() else None
+    offsets = np.load(offsets_path, mmap_mode="r") if offsets_path.is_file() else None
     store = CorpusStore(path, offsets)
     if len(store) != manifest.corpus.num_passages:
         raise IndexError_(f"{index_dir}: corpus has {len(store)} lines, manifest says {manifest.corpus.num_passages}")

@@ -320,7 +320,9 @@ def load_searchers(index_dirs: list[str | Path], cfg: ServiceConfig | None = Non
         spec = str(spec)
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
         opts = {k: v for k, v in (("ef_search", cfg.ef_search), ("nprobe", cfg.nprobe), ("device", cfg.device),
-                                               ("backend", cfg.bm25_backend), ("mmap", cfg.bm25_mmap or None)) if v is not None}
+                                  ("backend", cfg.bm25_backend), ("bm25_mmap", cfg.bm25_mmap or None),
+                                  ("dense_mmap", cfg.dense_mmap), ("faiss_gpu", cfg.faiss_gpu or None),
+                                  ("refine_k", cfg.refine_k), ("encoder", cfg.dense_encoder)) if v is not None}
         s = load_searcher(path, **opts)
         s.name = name or s.name
         if s.name in searchers:
