@@ -39,7 +39,7 @@ def main() -> int:
 
     cfg = load_config(SFTConfig, args.config, args.overrides)
     if args.dry_run:
-        cmd, _, out = prepare(cfg)
+        cmd, _, out = prepare(cfg, dry_run=True)
         print((out / "r3rag_sft.yaml").read_text(encoding="utf-8"))
         print(" ".join(cmd))
         return 0

@@ -74,9 +74,12 @@ def command(cfg: SFTConfig, lf_yaml: Path) -> list[str]:
     return [str(py), "-m", "r3rag.train.sft.lf_launch", str(lf_yaml)]
 
 
-def prepare(cfg: SFTConfig, lengths: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str], Path]:
+def prepare(cfg: SFTConfig, lengths: dict[str, Any] | None = None,
+            dry_run: bool = False) -> tuple[list[str], dict[str, str], Path]:
     """Write the YAMLs and return ``(command, environment, output folder)``; ``lengths``, when
-    given, receives the length check's report (:mod:`r3rag.train.sft.lengths`)."""
+    given, receives the length check's report (:mod:`r3rag.train.sft.lengths`). A dry run whose
+    tokenizer cannot be loaded here (a hub id on a machine without the model) says so in one line
+    and writes the YAMLs without the length check; training never starts without it."""
     from r3rag.train.sft.base_model import ensure_hf_folder
     from r3rag.train.sft.lengths import check_lengths
 
@@ -84,7 +87,17 @@ def prepare(cfg: SFTConfig, lengths: dict[str, Any] | None = None) -> tuple[list
     model = ensure_hf_folder(cfg.model)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report = check_lengths(cfg, model, out)
+    try:
+        report = check_lengths(cfg, model, out)
+    except OSError as err:
+        if not dry_run:
+            raise
+        print(f"dry run: example lengths not checked, the tokenizer of {model} is not available here "
+              f"({type(err).__name__}); training checks them first", file=sys.stderr, flush=True)
+        from r3rag.train.sft.lengths import LengthReport
+
+        report = LengthReport(examples=0, longest=0, cutoff_len=int(cfg.data.cutoff_len or 0), longer=0,
+                              dataset_dir=str(cfg.data.dataset_dir))
     if report.dropped:
         print(f"data: left out {report.dropped} of {report.examples} examples longer than data.cutoff_len "
               f"{report.cutoff_len} (longest {report.longest} tokens); training reads {report.dataset_dir}",
