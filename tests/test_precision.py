@@ -45,6 +45,8 @@ def fake_cpu(monkeypatch, flags: str) -> None:
 def fake_gpu(monkeypatch, name: str, bf16: bool) -> None:
     monkeypatch.setattr(prec, "cuda_facts", lambda device: (name, bf16))
     monkeypatch.setattr(prec, "default_device", lambda: "cuda")
+    # the evaluation resolves its device against torch first: this CPU torch "sees" the fake GPU
+    monkeypatch.setattr(machine, "resolve_device", lambda spec, key="model.device", note=None: "cuda" if spec in ("auto", "cuda") else spec)
 
 
 def no_gpu(monkeypatch) -> None:

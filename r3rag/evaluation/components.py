@@ -40,9 +40,12 @@ def model_precision(cfg: ModelConfig) -> Precision | None:
     float16); None for a model behind a URL or a policy without weights."""
     if cfg.backend not in LOCAL_BACKENDS or is_url(cfg.path):
         return None
+    from r3rag.machine import resolve_device
     from r3rag.precision import choose_precision
 
-    return choose_precision(cfg.dtype, cfg.device if cfg.backend == "hf" else "auto")  # vLLM: its GPU, else the CPU
+    # the device first: a GPU asked for on a machine without one is resolve_device's one-line error
+    device = resolve_device(cfg.device, note=lambda line: None) if cfg.backend == "hf" else "auto"  # vLLM: its GPU, else the CPU
+    return choose_precision(cfg.dtype, device)
 
 
 def load_backend(cfg: ModelConfig) -> PolicyBackend:

