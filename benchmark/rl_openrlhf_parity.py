@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tarfile
@@ -31,6 +30,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's r3rag
+
+from r3rag.machine import cpu_name  # noqa: E402
+
 TOL = 1e-5
 
 
@@ -120,16 +123,6 @@ def largest(res: dict, setting: str, key: str, estimator: str | None = None) -> 
     vals = [r[key] for r in res["results"] if r["setting"] == setting and r[key] is not None
             and (estimator is None or est[r["case"]] == estimator)]
     return max(vals) if vals else float("nan")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,14 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: results pages and guides that are linked from the docs but written on other branches
-PENDING = {
-    "docs/real_data.md",
-    "docs/results/sft_cutoff.md",
-    "docs/results/rl_openrlhf_parity.md",
-    "docs/results/evaluation_failures.md",
-    "docs/results/precision.md",
-    "docs/results/index_scale.md",
-}
+PENDING: set[str] = set()
 
 def _fetched() -> set[str]:
     from r3rag.data.fetch.catalog import catalog
