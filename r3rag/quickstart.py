@@ -37,8 +37,8 @@ Exit status: 0 done; 2 a bad flag, config or input; 3 a stage produced nothing u
 cold-start data kept, SFT loss not falling, RL reward flat with every group filtered) or a service
 failed during the evaluation (a rerun retries exactly the failed questions); 4 with
 --require-claims, a learning claim did not hold (SFT beat the base; RL moved its training reward
-and did no harm beyond its null control; from-base: format-valid answers did not double, its EM claim
-is the moonshot and is not required).
+and did no harm beyond its null control; from-base: format-valid answers did not double; its EM
+claim, the moonshot, and its search claim are reported, not required).
 """
 
 from __future__ import annotations

@@ -138,6 +138,24 @@ def test_retrievals_by_hop_count_and_em_are_paired_per_question():
     assert claims(c)[1]["holds"] is True
 
 
+def test_a_policy_that_stops_searching_fails_the_search_claim_whatever_its_em():
+    """Format and EM up by answering at once: the search claim says so; a policy that searches as
+    often as the base (or more) keeps it. Worked out: base 1 retrieval per question, RL 0 on all 50
+    questions -> difference -1.00 with a degenerate interval [-1, -1]."""
+    base = [row(i, valid=i < 5, em=0.0, retrievals=1) for i in range(50)]
+    stopped = [row(i, valid=i < 25, em=1.0 if i < 10 else 0.0, retrievals=0) for i in range(50)]
+    got = {x["name"]: x for x in claims(compare(base, stopped, resamples=300))}
+    assert got["format_valid_doubled"]["holds"] and got["em_up"]["holds"]
+    search = got["still_searches"]
+    assert search["holds"] is False and search["required"] is False
+    assert search["diff"] == -1.0 and search["ci95"] == [-1.0, -1.0]
+    assert "stopped calling the search tool" in search["text"] and "1.00 -> 0.00" in search["text"]
+    fewer = [row(i, valid=True, retrievals=i % 2) for i in range(50)]           # 0.5 per question
+    assert "fewer searches" in {x["name"]: x for x in claims(compare(base, fewer, resamples=300))}["still_searches"]["text"]
+    more = [row(i, valid=True, retrievals=2) for i in range(50)]
+    assert {x["name"]: x for x in claims(compare(base, more, resamples=300))}["still_searches"]["holds"] is True
+
+
 def test_the_base_is_the_run_in_the_trained_format():
     runs = {"base-rag": {"role": "base", "method": "rag"}, "base-r3rag_steps": {"role": "base", "method": "r3rag_steps"},
             "rl": {"role": "rl", "method": "r3rag_steps"}}
@@ -278,6 +296,7 @@ def test_the_preset_runs_end_to_end_with_rl_started_from_the_base(tmp_path, tiny
     assert set(fb["metrics"]["format_valid"]["diff"]) == {"diff", "ci95", "excludes_zero", "n"}
     found = {c["name"]: c for c in json.loads((work / "report" / "claims.json").read_text())}
     assert found["format_valid_doubled"]["holds"] is False and found["em_up"]["required"] is False
+    assert found["still_searches"]["required"] is False and "RL still searches as much as the prompted base" in md
     assert "Format-valid answers at least doubled by RL from the prompted base: no" in r.stdout
     again = quickstart("--preset", "from-base", *tiny_sets(tmp_path, tiny_model), "--set",
                        f"rl.script={STANDINS / 'rl.py'}", "--set", "rl.config=null", "--require-claims")

@@ -19,7 +19,12 @@ Then the claims, checked on every run:
   RL's rate at least twice the base's (any rise when the base never managed one) and the 95%
   interval of RL - base above zero;
 - *EM up, with the paired interval above zero* (the moonshot for a 135M model; reported, not
-  required by ``--require-claims``).
+  required by ``--require-claims``);
+- *still searching*: retrievals per question not significantly below the base's (the paired
+  interval of RL - base reaches zero or above). Reported, not required. It guards the other two:
+  stage 2 pays only the answer and the format, so a policy can raise both by answering at once
+  and never calling the tool, which is the opposite of R1-Searcher's thesis. When it fails, the
+  format and EM gains came without search.
 
 Written to ``WORK/report``: ``quickstart.md`` (these sections first, then the quickstart's usual
 table, EM by question type, times and examples from :mod:`r3rag.pipeline.report`),
@@ -120,8 +125,8 @@ def compare(base_rows: Sequence[dict[str, Any]], rl_rows: Sequence[dict[str, Any
 
 
 def claims(c: dict[str, Any]) -> list[dict[str, Any]]:
-    """The two claims from :func:`compare`'s figures; ``required`` says whether ``--require-claims``
-    needs it (the EM claim is the moonshot: reported, not required)."""
+    """The three claims from :func:`compare`'s figures; ``required`` says whether ``--require-claims``
+    needs it (the EM claim is the moonshot and the search claim a guard: reported, not required)."""
     fv = c["metrics"]["format_valid"]
     d, (lo, hi) = fv["diff"]["diff"], fv["diff"]["ci95"]
     base_rate, rl_rate, ratio = fv["base"]["mean"], fv["rl"]["mean"], c["format_ratio"]
@@ -145,7 +150,24 @@ def claims(c: dict[str, Any]) -> list[dict[str, Any]]:
         {"name": "format_valid_doubled", "holds": holds, "required": True, "diff": d, "ci95": [lo, hi],
          "ratio": ratio, "text": fv_text},
         {"name": "em_up", "holds": elo > 0, "required": False, "diff": em["diff"], "ci95": [elo, ehi], "text": em_text},
+        _search_claim(c["metrics"]["retrievals"]),
     ]
+
+
+def _search_claim(r: dict[str, Any]) -> dict[str, Any]:
+    """Still searching: RL's retrievals per question not significantly below the base's."""
+    d, (lo, hi) = r["diff"]["diff"], r["diff"]["ci95"]
+    base, rl = r["base"]["mean"], r["rl"]["mean"]
+    holds = hi >= 0
+    if holds:
+        verdict = "yes"
+    elif rl == 0:
+        verdict = "no: RL stopped calling the search tool, so its format and EM gains came without retrieval"
+    else:
+        verdict = "no: fewer searches than the base"
+    text = (f"RL still searches as much as the prompted base: {verdict} (retrievals/q {base:.2f} -> {rl:.2f}, "
+            f"paired difference {d:+.2f}, 95% CI [{lo:+.2f}, {hi:+.2f}], n={r['diff']['n']})")
+    return {"name": "still_searches", "holds": holds, "required": False, "diff": d, "ci95": [lo, hi], "text": text}
 
 
 def _cell(v: dict[str, Any], digits: int) -> str:
