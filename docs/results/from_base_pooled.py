@@ -39,6 +39,13 @@ def cells(c: dict) -> list[str]:
     return out
 
 
+def line(name: str, base: list[dict], rl: list[dict], resamples: int) -> str:
+    """One markdown row: the paired figures of ``rl`` against ``base`` and the report's verdicts."""
+    c = compare(base, rl, resamples)
+    verdicts = ", ".join("yes" if x["holds"] else "no" for x in claims(c))
+    return f"| {name} | {c['n']} | " + " | ".join(cells(c)) + f" | {verdicts} |"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("works", nargs="+", type=Path, help="finished from-base work folders, one per world seed")
@@ -48,24 +55,15 @@ def main() -> None:
 
     print("| run | n | " + " | ".join(f"{label}: base -> RL, RL - base" for _, label, _ in COLUMNS) + " | claims (format, EM, search) |")
     print("|---" * (len(COLUMNS) + 3) + "|")
-    pooled_base, pooled_rl = [], []
-    for work in a.works:
-        base, rl = rows(work / "eval" / "base-r3rag_steps", work.name), rows(work / "eval" / "rl", work.name)
-        pooled_base += base
-        pooled_rl += rl
-        c = compare(base, rl, a.resamples)
-        verdicts = ", ".join("yes" if x["holds"] else "no" for x in claims(c))
-        print(f"| {work.name} | {c['n']} | " + " | ".join(cells(c)) + f" | {verdicts} |")
+    bases = [rows(work / "eval" / "base-r3rag_steps", work.name) for work in a.works]
+    rls = [rows(work / "eval" / "rl", work.name) for work in a.works]
+    for work, base, rl in zip(a.works, bases, rls):
+        print(line(work.name, base, rl, a.resamples))
     if len(a.works) > 1:
-        c = compare(pooled_base, pooled_rl, a.resamples)
-        verdicts = ", ".join("yes" if x["holds"] else "no" for x in claims(c))
-        print(f"| pooled | {c['n']} | " + " | ".join(cells(c)) + f" | {verdicts} |")
-    first = a.works[0]
+        print(line("pooled", sum(bases, []), sum(rls, []), a.resamples))
     for item in a.extra:
         name, run = item.split("=", 1)
-        c = compare(rows(first / "eval" / "base-r3rag_steps", first.name), rows(Path(run), first.name), a.resamples)
-        verdicts = ", ".join("yes" if x["holds"] else "no" for x in claims(c))
-        print(f"| {name} ({first.name}) | {c['n']} | " + " | ".join(cells(c)) + f" | {verdicts} |")
+        print(line(f"{name} ({a.works[0].name})", bases[0], rows(Path(run), a.works[0].name), a.resamples))
 
 
 if __name__ == "__main__":
