@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 from r3rag.machine import cpu_name  # noqa: E402
+from r3rag.testing.rl_bench import add_trainer_args  # noqa: E402
 
 MODES = {
     "shared": ["model.rollout_weights=shared", "model.rollout_inline=true"],
@@ -71,16 +71,9 @@ def timed_rollout(trainer, it: int) -> dict:
 
 def main() -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny random model and a small world (seconds)")
-    p.add_argument("--config", default=str(ROOT / "configs/rl/world_sft_grpo.yaml"), help="RL config (default: %(default)s)")
-    p.add_argument("--model", default="smollm2", help="policy checkpoint (default: %(default)s)")
-    p.add_argument("--world-dir", default=None, help="world folder (default: a medium world under runs/)")
+    add_trainer_args(p, ROOT)
     p.add_argument("--questions", type=int, default=8, help="prompts per rollout (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads (default: %(default)s)")
     p.add_argument("--modes", default="shared,bfloat16", help=f"comma-separated, of {', '.join(MODES)}; the first is the baseline (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1, help="alternating passes over the modes (default: %(default)s)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="more RL config overrides (repeatable)")
     args = p.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -90,13 +83,13 @@ def main() -> int:
     import torch
 
     from r3rag.config import load_config
-    from r3rag.testing.rl_bench import trainer_overrides
+    from r3rag.testing.rl_bench import trainer_overrides_for
     from r3rag.train.rl.config import RLConfig
     from r3rag.train.rl.loop import RLTrainer
 
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="r3rag-perf-rlrollout-"))
-    model_path, common = trainer_overrides(args.model, args.world_dir, args.threads, args.quick, tmp, ROOT / "runs" / "world-medium")
+    model_path, common = trainer_overrides_for(args, tmp, ROOT)
     base = [*common, f"train.questions_per_iter={args.questions}", *args.overrides]
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.repeats):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from r3rag.cli import ArgumentParser, run_main  # noqa: E402
 from r3rag.machine import cpu_name  # noqa: E402
+from r3rag.testing.rl_bench import add_trainer_args  # noqa: E402
 
 
 def parse_layers(text: str) -> list[int | None]:
@@ -47,21 +47,14 @@ def parse_layers(text: str) -> list[int | None]:
 
 def main() -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny random model and a small world (seconds)")
-    p.add_argument("--config", default=str(ROOT / "configs/rl/world_sft_grpo.yaml"), help="RL config (default: %(default)s)")
-    p.add_argument("--model", default="smollm2", help="policy checkpoint (default: %(default)s)")
-    p.add_argument("--world-dir", default=None, help="world folder (default: a medium world under runs/)")
+    add_trainer_args(p, ROOT)
     p.add_argument("--layers", default="all,10", help="comma-separated: all, or a number of top layers to train (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1, help="alternating passes over the settings (default: %(default)s)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="more RL config overrides (repeatable)")
     args = p.parse_args()
 
     import torch
 
     from r3rag.config import load_config
-    from r3rag.testing.rl_bench import trainer_overrides
+    from r3rag.testing.rl_bench import trainer_overrides_for
     from r3rag.train.rl.batch import build_batch, select
     from r3rag.train.rl.config import RLConfig
     from r3rag.train.rl.estimators import GROUP_ESTIMATORS
@@ -71,7 +64,7 @@ def main() -> int:
     settings = parse_layers(args.layers)
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="r3rag-perf-rlupdate-"))
-    model_path, common = trainer_overrides(args.model, args.world_dir, args.threads, args.quick, tmp, ROOT / "runs" / "world-medium")
+    model_path, common = trainer_overrides_for(args, tmp, ROOT)
     if args.quick:  # the tiny model has 2 layers
         settings = [None if s is None else min(s, 1) for s in settings]
     overrides = [*common, *args.overrides]
