@@ -270,6 +270,26 @@ def test_one_rl_iteration_with_tree_rollouts_on_a_tiny_model(tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_flat_groups_log_their_informative_comparisons_as_one_level_trees(tmp_path):
+    """Without a tree each question's group is one branching point. Dynamic filtering off: all 4
+    questions' groups are trained, so 4 sibling groups. On: only the groups whose rewards differ
+    are trained, so every trained group is informative and their count is what filtering kept."""
+    recs = {}
+    for filtering in (False, True):
+        cfg = tiny_cfg("group_norm", iterations=1, dynamic_filtering=filtering)
+        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={  # room for the coin policy to answer
+            "max_steps": 4, "max_turn_tokens": 64, "max_new_tokens": 512})})
+        tr = tiny_trainer(cfg, tmp_path / str(filtering), reward=correct_reward)
+        tr._build()
+        tr.engine.backend = CoinBackend(tr.models.tokenizer)
+        recs[filtering] = tr.iteration(0)
+    off, on = recs[False], recs[True]
+    assert off["tree/sibling_groups"] == 4 and 0 <= off["tree/informative_groups"] <= 4
+    assert off["tree/informative_per_1k_tokens"] == pytest.approx(1000.0 * off["tree/informative_groups"] / off["batch/generated_tokens"])
+    kept = round(on["batch/groups"] * (1.0 - on["batch/filtered_fraction"]))
+    assert on["tree/sibling_groups"] == on["tree/informative_groups"] == kept >= 1
+
+
 def test_tree_run_end_to_end_with_the_tiny_models_own_rollouts(tmp_path):
     """The tiny random model itself generating (its chains rarely reach a boundary: the tree then
     is its roots): the run finishes and writes its final model."""

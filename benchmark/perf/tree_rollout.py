@@ -44,14 +44,6 @@ LAYOUTS = {
 }
 
 
-def informative(rec: dict) -> tuple[float, float]:
-    """``(sibling groups, informative groups)`` of one iteration's training record."""
-    if "tree/informative_groups" in rec:
-        return rec["tree/sibling_groups"], rec["tree/informative_groups"]
-    groups = rec.get("batch/groups", 0)  # flat: dynamic filtering removed the groups with equal rewards
-    return groups, groups - round(groups * rec.get("batch/filtered_fraction", 0.0))
-
-
 def main() -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trainer_args(p, ROOT)
@@ -74,9 +66,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="r3rag-perf-tree-"))
     model_path, common = trainer_overrides_for(args, tmp, ROOT)
-    # dynamic filtering (the shipped setting) removes a flat group whose rewards are all equal: the
-    # flat count of informative comparisons reads it, so it stays on (also with --quick)
-    base = [*common, f"train.questions_per_iter={args.questions}", "algo.dynamic_filtering=true", *args.overrides]
+    base = [*common, f"train.questions_per_iter={args.questions}", *args.overrides]
     rows: dict[str, list[dict]] = {x: [] for x in layouts}
     for r in range(args.repeats):
         for layout in (layouts if r % 2 == 0 else layouts[::-1]):
@@ -87,7 +77,9 @@ def main() -> int:
                 t = time.perf_counter()
                 rec = trainer.iteration(it)
                 wall = time.perf_counter() - t
-                groups, info = informative(rec)
+                # the trainer counts both layouts' comparisons (a flat group is a one-level tree); an
+                # iteration whose every group was filtered out trains nothing and logs none
+                groups, info = rec.get("tree/sibling_groups", 0), rec.get("tree/informative_groups", 0)
                 chains = rec.get("batch/trajectories", 0)
                 tokens = rec.get("rollout/generated_tokens", 0.0) * chains  # a per-chain mean
                 row = {"repeat": r, "iteration": it, "chains": chains, "generated_tokens": round(tokens),

@@ -41,7 +41,8 @@ def signal(work: Path) -> dict[str, float]:
     if all("tree/informative_groups" in r for r in rows):
         informative = np.array([r["tree/informative_groups"] for r in rows], dtype=float)
         groups = np.array([r["tree/sibling_groups"] for r in rows], dtype=float)
-    else:  # flat: a question whose group dynamic filtering kept had rewards that were not all equal
+    else:  # flat runs recorded before the trainer counted flat groups too: with dynamic filtering on,
+        # a question whose group was kept had rewards that were not all equal
         groups = np.array([r["batch/groups"] for r in rows], dtype=float)
         informative = groups * (1.0 - np.array([r["batch/filtered_fraction"] for r in rows], dtype=float))
     return {"iterations": len(rows), "chains": chains.mean(), "tokens": tokens.mean(), "groups": groups.mean(),

@@ -687,7 +687,7 @@ class RLTrainer:
             out["policy/logprob_mismatch"] = float((batch.rollout_logprobs[known] - old[known]).abs().mean())
         if kl is not None:
             out["kl/mean"] = float(kl.sum() / mask.sum())
-        if a.estimator == "tree_group_norm" and batch.tree_node is not None:
+        if a.estimator in GROUP_ESTIMATORS and batch.tree_node is not None:  # flat groups: one-level trees
             from r3rag.train.rl.tree import informative_comparisons
 
             groups, informative = informative_comparisons(batch.totals, batch.tree_node, batch.tree_child, a.min_group_std)
